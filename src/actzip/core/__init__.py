@@ -1,0 +1,1 @@
+"""Core types shared by every layer: payloads, the codec registry, errors, dtype helpers."""

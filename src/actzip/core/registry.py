@@ -1,0 +1,55 @@
+"""Codec registry: codecs register under a name; users get them by name with options."""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+from actzip.core.errors import ConfigError, UnknownCodecError
+
+if TYPE_CHECKING:
+    from actzip.codecs.base import Codec
+
+C = TypeVar("C", bound=type)
+_CODECS: dict[str, type] = {}
+
+
+def register_codec(name: str) -> Callable[[C], C]:
+    """Class decorator: make a codec class available as ``actzip.codecs.get(name)``."""
+
+    def deco(cls: C) -> C:
+        if name in _CODECS and _CODECS[name] is not cls:
+            raise ConfigError(f"codec name {name!r} is already registered by {_CODECS[name].__qualname__}")
+        cls.name = name
+        _CODECS[name] = cls
+        return cls
+
+    return deco
+
+
+def available() -> list[str]:
+    """Names of the registered codecs, sorted."""
+    return sorted(_CODECS)
+
+
+def codec_class(name: str) -> type:
+    try:
+        return _CODECS[name]
+    except KeyError:
+        raise UnknownCodecError(f"unknown codec {name!r}; available: {', '.join(available())}") from None
+
+
+def get(name: str, **options) -> "Codec":
+    """A codec instance by registry name, built with ``options``.
+
+    An unknown name or option raises :class:`~actzip.core.errors.ConfigError` listing what would fit.
+    """
+    cls = codec_class(name)
+    params = inspect.signature(cls.__init__).parameters
+    accepted = [p for p in params if p != "self" and params[p].kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"codec {name!r} has no option(s) {', '.join(unknown)}; its options: {', '.join(accepted) or '(none)'}"
+        )
+    return cls(**options)

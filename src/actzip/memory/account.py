@@ -1,0 +1,76 @@
+"""Per-step accounting of what the activation cache stored: bytes before and after, by rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RuleStats:
+    tensors: int = 0  # distinct tensors this rule decided
+    dense_bytes: int = 0  # their size uncompressed
+    stored_bytes: int = 0  # what the cache holds for them
+
+
+@dataclass
+class StepAccount:
+    """What one ``with ActivationCache(...)`` block saved. Duplicates are counted once.
+
+    ``leaf`` tensors (parameters, inputs held elsewhere) are listed but left out of the activation totals:
+    they are not activations and storing them costs nothing extra.
+    """
+
+    by_rule: dict[str, RuleStats] = field(default_factory=dict)
+    duplicates: int = 0  # saves answered by an already stored tensor
+    duplicate_bytes: int = 0  # dense bytes those saves would have taken again
+
+    def add(self, rule: str, dense_bytes: int, stored_bytes: int) -> None:
+        s = self.by_rule.setdefault(rule, RuleStats())
+        s.tensors += 1
+        s.dense_bytes += dense_bytes
+        s.stored_bytes += stored_bytes
+
+    def _activation_rules(self):
+        return (s for name, s in self.by_rule.items() if name != "leaf")
+
+    @property
+    def bytes_before(self) -> int:
+        """Activation bytes autograd would have kept (distinct tensors, leaves excluded)."""
+        return sum(s.dense_bytes for s in self._activation_rules())
+
+    @property
+    def bytes_after(self) -> int:
+        """Activation bytes the cache keeps (distinct tensors, leaves excluded)."""
+        return sum(s.stored_bytes for s in self._activation_rules())
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_before / self.bytes_after if self.bytes_after else 1.0
+
+    def as_dict(self) -> dict:
+        return {
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "duplicates": self.duplicates,
+            "duplicate_bytes": self.duplicate_bytes,
+            "by_rule": {k: vars(v).copy() for k, v in self.by_rule.items()},
+        }
+
+    def table(self, title: str = "activation cache"):
+        """A rich Table of this account."""
+        from rich.table import Table
+
+        t = Table(title=title)
+        for col in ("rule", "tensors", "before", "after", "ratio"):
+            t.add_column(col, justify="left" if col == "rule" else "right")
+        for name, s in sorted(self.by_rule.items()):
+            r = s.dense_bytes / s.stored_bytes if s.stored_bytes else 1.0
+            t.add_row(name, str(s.tensors), _mib(s.dense_bytes), _mib(s.stored_bytes), f"{r:.2f}x")
+        t.add_row("total (no leaf)", "", _mib(self.bytes_before), _mib(self.bytes_after), f"{self.ratio:.2f}x")
+        if self.duplicates:
+            t.caption = f"{self.duplicates} duplicate saves stored once ({_mib(self.duplicate_bytes)} not stored again)"
+        return t
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"

@@ -1,0 +1,147 @@
+"""The compressed activation cache: compress what autograd saves for backward.
+
+``ActivationCache`` is a context manager over :func:`torch.autograd.graph.saved_tensors_hooks`. Every tensor
+autograd saves inside the block goes through the rules (:mod:`actzip.memory.rules`); the first rule that
+accepts it picks a codec, and autograd keeps the payload instead of the tensor. In backward the payload is
+decoded when autograd asks for the tensor. A tensor saved twice (the same storage, view and version, like a
+ReLU output that both ReLU and the next op save) is encoded and counted once.
+
+With a lossless codec (the default) backward sees bit-identical tensors, so gradients are bit-identical.
+
+Composition:
+- ``torch.utils.checkpoint`` (non-reentrant): checkpointed regions install their own hooks, which take
+  precedence inside them; the cache compresses the tensors saved outside those regions.
+- ``torch.compile``: the hooks run, outside the compiled code, on the tensors the compiled graph saves; those
+  are chosen by the compiler and can differ from eager mode (a fused kernel may save a pre-activation instead
+  of a ReLU output), so what is compressed and how much is saved can differ too.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Sequence
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from actzip.core.payload import Payload
+from actzip.memory.account import StepAccount
+from actzip.memory.rules import CacheConfig, Rule, count_only_rules, default_rules
+
+
+class _Saved:
+    """What autograd holds in place of a saved tensor: a payload, or the tensor itself."""
+
+    __slots__ = ("payload", "tensor", "codec", "_decoded", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor | None, payload: Payload | None, codec) -> None:
+        self.tensor = tensor
+        self.payload = payload
+        self.codec = codec
+        self._decoded = None  # weak reference to the last decoded tensor, so a double save decodes once
+
+    def get(self) -> torch.Tensor:
+        if self.payload is None:
+            return self.tensor
+        t = self._decoded() if self._decoded is not None else None
+        if t is None:
+            t = self.codec.decode(self.payload)
+            self._decoded = weakref.ref(t)
+        return t
+
+
+class ActivationCache:
+    """Compress the tensors autograd saves inside a ``with`` block.
+
+    >>> cache = ActivationCache()            # lossless sparse for mostly-zero tensors
+    >>> with cache:
+    ...     loss = model(x).sum()
+    >>> loss.backward()
+    >>> cache.last.bytes_before, cache.last.bytes_after
+
+    Args:
+      config: options of the default rules (:class:`CacheConfig`).
+      rules: an explicit rule list instead of the defaults (see :mod:`actzip.memory.rules`).
+
+    Each ``with`` block is one step of accounting: ``cache.last`` is the latest :class:`StepAccount`,
+    ``cache.history`` keeps them all (call ``cache.history.clear()`` to drop them).
+    """
+
+    def __init__(self, config: CacheConfig | None = None, *, rules: Sequence[Rule] | None = None) -> None:
+        self.config = config or CacheConfig()
+        self.rules: list[Rule] = list(rules) if rules is not None else default_rules(self.config)
+        self.history: list[StepAccount] = []
+        self._hooks = None
+        self._account: StepAccount | None = None
+        self._seen: dict[tuple, tuple[StorageWeakRef, weakref.ref]] = {}
+
+    @classmethod
+    def count_only(cls) -> "ActivationCache":
+        """A cache that stores everything as it is and only counts it (same dedup, same accounting)."""
+        return cls(rules=count_only_rules())
+
+    @property
+    def last(self) -> StepAccount:
+        if not self.history:
+            raise RuntimeError("ActivationCache has no account yet: use it in a `with` block first")
+        return self.history[-1]
+
+    def __enter__(self) -> "ActivationCache":
+        if self._hooks is not None:
+            raise RuntimeError("ActivationCache is already active; it cannot be entered twice at once")
+        self._account = StepAccount()
+        self._seen.clear()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+        self.history.append(self._account)
+        self._account = None
+        self._seen.clear()
+
+    # -- hooks -------------------------------------------------------------------------------------------
+
+    def _key(self, t: torch.Tensor):
+        if t.layout != torch.strided or t.is_nested:
+            return None
+        return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
+
+    def _pack(self, t: torch.Tensor) -> _Saved:
+        key = self._key(t) if self.config.dedup else None
+        if key is not None:
+            hit = self._seen.get(key)
+            if hit is not None:
+                storage_ref, saved_ref = hit
+                saved = saved_ref()
+                # The storage is still alive, so the same address means the same data (no reuse).
+                if saved is not None and not storage_ref.expired():
+                    self._account.duplicates += 1
+                    self._account.duplicate_bytes += t.numel() * t.element_size()
+                    return saved
+        saved = self._store(t)
+        if key is not None:
+            self._seen[key] = (StorageWeakRef(t.untyped_storage()), weakref.ref(saved))
+        return saved
+
+    def _store(self, t: torch.Tensor) -> _Saved:
+        dense = t.numel() * t.element_size()
+        for rule in self.rules:
+            if rule.when(t):
+                if rule.codec is None:
+                    self._account.add(rule.name, dense, dense)
+                    return _Saved(t, None, None)
+                payload = rule.codec.encode(t, name=f"saved tensor {tuple(t.shape)} {t.dtype}")
+                if payload.nbytes >= dense:  # no gain: keep the tensor, drop the payload
+                    self._account.add("incompressible", dense, dense)
+                    return _Saved(t, None, None)
+                self._account.add(rule.name, dense, payload.nbytes)
+                return _Saved(None, payload, rule.codec)
+        self._account.add("unmatched", dense, dense)
+        return _Saved(t, None, None)
+
+    @staticmethod
+    def _unpack(saved: _Saved) -> torch.Tensor:
+        return saved.get()
