@@ -1,0 +1,214 @@
+"""The compressed activation cache: bit-identical gradients, dedup, rules, accounting, composition."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from actzip.core.errors import ConfigError, UnknownCodecError
+from actzip.memory import ActivationCache, CacheConfig, Rule
+from actzip.models import GPT, GPTConfig
+
+
+def grads_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_grads_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and a
+    for n in a:
+        assert torch.equal(a[n], b[n]), f"gradient of {n} differs"
+
+
+class ReLU2MLP(nn.Module):
+    def __init__(self, d=64, h=256, act="relu2"):
+        super().__init__()
+        self.up, self.down, self.act = nn.Linear(d, h), nn.Linear(h, d), act
+
+    def forward(self, x):
+        a = F.relu(self.up(x))
+        return self.down(a.square() if self.act == "relu2" else a)
+
+
+def step(model, x, cache=None):
+    model.zero_grad(set_to_none=True)
+    if cache is None:
+        loss = model(x).float().pow(2).mean()
+    else:
+        with cache:
+            loss = model(x).float().pow(2).mean()
+    loss.backward()
+    return loss.detach(), grads_of(model)
+
+
+@pytest.mark.parametrize("act", ["relu", "relu2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mlp_gradients_bit_identical(act, dtype):
+    model = ReLU2MLP(act=act).to(dtype)
+    x = torch.randn(512, 64, dtype=dtype)
+    loss0, g0 = step(model, x)
+    cache = ActivationCache(CacheConfig(min_bytes=0))
+    loss1, g1 = step(model, x, cache)
+    assert torch.equal(loss0, loss1)
+    assert_grads_identical(g0, g1)
+    acct = cache.last
+    assert acct.by_rule["sparse"].tensors >= 1
+    assert acct.bytes_after < acct.bytes_before
+
+
+def test_relu_output_saved_twice_is_stored_once():
+    model = ReLU2MLP(act="relu2")
+    x = torch.randn(256, 64)
+    cache = ActivationCache(CacheConfig(min_bytes=0))
+    step(model, x, cache)
+    # relu saves its output and square saves the same tensor as input: one payload, one duplicate.
+    assert cache.last.duplicates >= 1
+    assert cache.last.duplicate_bytes >= 256 * 256 * 4
+
+
+def test_parameters_and_inputs_are_never_compressed():
+    lin = nn.Linear(64, 64, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(F.relu(lin.weight))  # a mostly-zero weight would be a compression target
+    x = F.relu(torch.randn(128, 64)).requires_grad_()
+    stored = []
+    cache = ActivationCache(CacheConfig(min_bytes=0))
+    orig = cache._store
+    cache._store = lambda t: stored.append(t) or orig(t)
+    with cache:
+        y = lin(x).sum()
+    y.backward()
+    assert cache.last.by_rule["leaf"].tensors == 2  # x and weight.t()
+    assert "sparse" not in cache.last.by_rule
+    assert cache.last.bytes_before == 0
+
+
+def test_small_and_dense_tensors_are_kept():
+    model = ReLU2MLP()
+    x = torch.randn(8, 64)
+    cache = ActivationCache()  # default min_bytes: everything here is small
+    step(model, x, cache)
+    assert set(cache.last.by_rule) <= {"leaf", "small"}
+    dense = nn.Linear(64, 64)
+    cache2 = ActivationCache(CacheConfig(min_bytes=0))
+    with cache2:
+        y = torch.tanh(dense(torch.randn(512, 64))).sum()
+    y.backward()
+    assert cache2.last.by_rule["dense"].tensors >= 1
+    assert cache2.last.bytes_before == cache2.last.bytes_after
+
+
+def test_custom_rules_and_unmatched():
+    seen = []
+    rules = [Rule("everything", lambda t: seen.append(tuple(t.shape)) or False)]
+    cache = ActivationCache(rules=rules)
+    model = ReLU2MLP()
+    step(model, torch.randn(32, 64), cache)
+    # Rules see each distinct tensor once: duplicates are answered before the rules run.
+    assert seen and cache.last.by_rule["unmatched"].tensors == len(seen)
+    assert cache.last.duplicates >= 1
+
+
+def test_count_only_counts_the_same_bytes_without_compressing():
+    model = ReLU2MLP()
+    x = torch.randn(512, 64)
+    counting, compressing = ActivationCache.count_only(), ActivationCache(CacheConfig(min_bytes=0))
+    _, g0 = step(model, x, counting)
+    _, g1 = step(model, x, compressing)
+    assert_grads_identical(g0, g1)
+    assert counting.last.bytes_before == counting.last.bytes_after == compressing.last.bytes_before
+
+
+def test_entering_twice_is_an_error_and_history_accumulates():
+    cache = ActivationCache()
+    with cache:
+        with pytest.raises(RuntimeError, match="already active"):
+            cache.__enter__()
+    with cache:
+        pass
+    assert len(cache.history) == 2
+    with pytest.raises(RuntimeError, match="no account yet"):
+        ActivationCache().last
+
+
+def test_config_errors_at_config_time():
+    with pytest.raises(UnknownCodecError, match="available"):
+        CacheConfig(codec="nope")
+    with pytest.raises(ConfigError, match="min_zero_fraction"):
+        CacheConfig(min_zero_fraction=1.5)
+    with pytest.raises(ConfigError, match="min_bytes"):
+        CacheConfig(min_bytes=-1)
+    with pytest.raises(ConfigError, match="tile_size"):
+        CacheConfig(codec_options={"tile_size": 7})
+
+
+def test_composes_with_activation_checkpointing():
+    model = ReLU2MLP()
+    x = torch.randn(512, 64, requires_grad=True)
+
+    def run(cache):
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        ctx = cache if cache is not None else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        with ctx:
+            h = checkpoint(model, x, use_reentrant=False)
+            loss = (model(F.relu(h)) ** 2).mean()
+        loss.backward()
+        return {**grads_of(model), "x": x.grad.clone()}
+
+    g0 = run(None)
+    cache = ActivationCache(CacheConfig(min_bytes=0))
+    g1 = run(cache)
+    assert_grads_identical(g0, g1)
+    assert cache.last.by_rule["sparse"].tensors >= 1
+
+
+def test_under_torch_compile_gradients_match():
+    model = ReLU2MLP()
+    compiled = torch.compile(copy.deepcopy(model), backend="aot_eager")
+    x = torch.randn(512, 64)
+    _, g0 = step(compiled, x)
+    cache = ActivationCache(CacheConfig(min_bytes=0))
+    _, g1 = step(compiled, x, cache)
+    assert_grads_identical(g0, g1)
+    assert cache.last.bytes_before > 0
+
+
+@pytest.mark.parametrize("activation", ["relu2", "relu", "gelu"])
+def test_reference_gpt_gradients_bit_identical(activation):
+    cfg = GPTConfig.preset("tiny", activation=activation)
+    model = GPT(cfg)
+    idx = torch.randint(0, 256, (4, cfg.block_size))
+    tgt = torch.randint(0, 256, (4, cfg.block_size))
+
+    def run(cache):
+        model.zero_grad(set_to_none=True)
+        if cache is None:
+            _, loss = model(idx, tgt)
+        else:
+            with cache:
+                _, loss = model(idx, tgt)
+        loss.backward()
+        return loss.detach(), grads_of(model)
+
+    l0, g0 = run(None)
+    cache = ActivationCache(CacheConfig(min_bytes=0))
+    l1, g1 = run(cache)
+    assert torch.equal(l0, l1)
+    assert_grads_identical(g0, g1)
+    if activation != "gelu":
+        assert cache.last.by_rule["sparse"].tensors >= cfg.n_layer
+        assert cache.last.bytes_after < cache.last.bytes_before
+
+
+def test_payload_without_gain_keeps_the_tensor():
+    # A mostly-zero tensor too small for the mask to pay off: the rule matches but the tensor is kept.
+    cache = ActivationCache(CacheConfig(min_bytes=0, min_zero_fraction=0.0, codec_options={"tile_size": 4096}))
+    x = torch.randn(4, requires_grad=True)
+    with cache:
+        y = (F.relu(x * 2) * 3).sum()
+    y.backward()
+    assert cache.last.by_rule["incompressible"].tensors >= 1
