@@ -1,0 +1,5 @@
+import sys
+
+from actzip.cli import main
+
+sys.exit(main())

@@ -1,0 +1,58 @@
+"""The ``actzip`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from actzip.core.errors import ActzipError
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from actzip.bench.demo import DemoConfig, render, run_demo, write_json
+
+    fields = {k: v for k, v in vars(args).items() if k in DemoConfig.__dataclass_fields__ and v is not None}
+    cfg = DemoConfig(**fields)
+    console = Console()
+    console.print(f"[bold]actzip demo[/]: {cfg.steps} steps of a {cfg.activation} GPT ({cfg.preset}), strategies "
+                  f"{', '.join(cfg.strategies)}")
+    result = run_demo(cfg, progress=not args.no_progress)
+    console.print(render(result))
+    if args.json:
+        write_json(result, args.json)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="actzip", description="Compress PyTorch activations where they are held or sent.")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="train a ReLU² GPT with no compression, checkpointing and the sparse cache")
+    d.add_argument("--steps", type=int, help="training steps (default 60)")
+    d.add_argument("--preset", help="model size: tiny, small (default), gpt2-124m")
+    d.add_argument("--activation", choices=["relu", "relu2", "gelu"], help="MLP activation (default relu2)")
+    d.add_argument("--batch-size", type=int, dest="batch_size", help="sequences per step (default 8)")
+    d.add_argument("--block-size", type=int, dest="block_size", help="tokens per sequence (default: the preset's)")
+    d.add_argument("--device", help="auto (default), cpu, cuda, cuda:1, ...")
+    d.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="weights dtype (default: bf16 on CUDA)")
+    d.add_argument("--text-file", dest="text_file", help="train on this text file instead of the stdlib source")
+    d.add_argument("--seed", type=int)
+    d.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d.set_defaults(func=_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ActzipError as e:
+        print(f"actzip: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
