@@ -19,6 +19,7 @@ def _demo(args: argparse.Namespace) -> int:
     console.print(f"[bold]actzip demo[/]: {cfg.steps} steps of a {cfg.activation} GPT ({cfg.preset}), strategies "
                   f"{', '.join(cfg.strategies)}")
     result = run_demo(cfg, progress=not args.no_progress)
+    result["command"] = " ".join(["actzip", *args.argv])
     console.print(render(result))
     if args.json:
         write_json(result, args.json)
@@ -46,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except ActzipError as e:

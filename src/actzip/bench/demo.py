@@ -14,6 +14,7 @@ order, and every gradient is compared with the ``none`` run's gradient of the sa
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import statistics
 import time
@@ -182,6 +183,8 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
         )
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
         "dtype": str(dtype).replace("torch.", ""),
         "model": {"preset": cfg.preset, "activation": cfg.activation, "params": base.num_params(False), "block_size": block},
         "tokens_per_step": tokens,
