@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="weights dtype (default: bf16 on CUDA)")
     d.add_argument("--text-file", dest="text_file", help="train on this text file instead of the stdlib source")
     d.add_argument("--seed", type=int)
+    d.add_argument("--nondeterministic", dest="deterministic", action="store_false", default=None,
+                   help="allow nondeterministic GPU kernels (faster; gradients then differ run to run)")
     d.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.set_defaults(func=_demo)

@@ -26,7 +26,7 @@ def corpus_file(tmp_path_factory):
 def test_cli_demo_writes_the_documented_json(tmp_path, corpus_file, capsys):
     out = tmp_path / "demo.json"
     rc = main(["demo", "--preset", "tiny", "--steps", "4", "--batch-size", "4", "--text-file", str(corpus_file),
-               "--json", str(out), "--no-progress"])
+               "--device", "cpu", "--json", str(out), "--no-progress"])
     assert rc == 0
     result = json.loads(out.read_text())
     assert result["device"] == "cpu"
@@ -46,7 +46,8 @@ def test_cli_demo_writes_the_documented_json(tmp_path, corpus_file, capsys):
 
 def test_small_preset_meets_the_saved_bytes_target(corpus_file):
     # The demo's claim on its default model: >= 20% fewer saved bytes per token, gradients bit-identical.
-    result = run_demo(DemoConfig(steps=3, warmup_steps=1, batch_size=2, text_file=str(corpus_file)), progress=False)
+    cfg = DemoConfig(steps=3, warmup_steps=1, batch_size=2, text_file=str(corpus_file), device="cpu")
+    result = run_demo(cfg, progress=False)
     runs = {r["strategy"]: r for r in result["runs"]}
     assert runs["sparse"]["saved_bytes_per_token"] <= 0.8 * runs["none"]["saved_bytes_per_token"]
     assert runs["sparse"]["max_grad_abs_diff"] == 0.0

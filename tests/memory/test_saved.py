@@ -212,3 +212,22 @@ def test_payload_without_gain_keeps_the_tensor():
         y = (F.relu(x * 2) * 3).sum()
     y.backward()
     assert cache.last.by_rule["incompressible"].tensors >= 1
+
+
+def test_zero_fraction_exact_when_small_and_close_when_sampled():
+    from actzip.memory.rules import zero_fraction
+
+    x = torch.zeros(1000)
+    x[:300] = 1.0
+    assert zero_fraction(x) == pytest.approx(0.7)
+    big = (torch.rand(3_000_000) < 0.37).float()
+    assert abs(zero_fraction(big) - (1 - 0.37)) < 0.01
+    # A periodic pattern must not fool the sampler (every 4096th element non-zero).
+    periodic = torch.zeros(1 << 22)
+    periodic[::4096] = 1.0
+    assert zero_fraction(periodic) > 0.99
+    assert zero_fraction(torch.zeros(0)) == 0.0
+    assert zero_fraction(torch.tensor([-0.0, 0.0])) == 0.5  # -0.0 has a bit set
+    rng_before = torch.get_rng_state()
+    zero_fraction(big)
+    assert torch.equal(rng_before, torch.get_rng_state())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,7 @@ class DemoConfig:
     text_file: str | None = None  # train on this text file instead of the standard library's source
     corpus_bytes: int = 8_000_000  # bytes of standard-library source to use
     strategies: tuple[str, ...] = STRATEGIES  # which strategies to run ("none" always runs: it is the reference)
+    deterministic: bool = True  # deterministic kernels, so a gradient difference can only come from the strategy
 
     def __post_init__(self) -> None:
         bad = [s for s in self.strategies if s not in STRATEGIES]
@@ -137,6 +139,20 @@ class _Runner:
 
 def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     """Run the demo and return its JSON-ready result."""
+    if not cfg.deterministic:
+        return _run(cfg, progress)
+    # GPU kernels with atomic adds (attention backward, some GEMMs) differ from run to run; pin them so that
+    # max_grad_abs_diff measures the strategy alone. cuBLAS reads this variable when its handle is created.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _run(cfg, progress)
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+def _run(cfg: DemoConfig, progress: bool) -> dict:
     device = cfg.resolve_device()
     dtype = cfg.resolve_dtype(device)
     torch.manual_seed(cfg.seed)
@@ -188,6 +204,7 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
         "dtype": str(dtype).replace("torch.", ""),
         "model": {"preset": cfg.preset, "activation": cfg.activation, "params": base.num_params(False), "block_size": block},
         "tokens_per_step": tokens,
+        "deterministic": cfg.deterministic,
         "steps": cfg.steps,
         "corpus": corpus.name,
         "runs": [{k: v for k, v in asdict(run).items() if k != "losses"} for run in runs],

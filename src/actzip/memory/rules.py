@@ -15,7 +15,8 @@ import torch
 
 from actzip.codecs.base import Codec
 from actzip.core import registry
-from actzip.core.dtypes import bit_view_dtype
+from actzip.codecs.sparse import memory_order
+from actzip.core.dtypes import FLOAT_DTYPES, bit_view_dtype
 from actzip.core.errors import ConfigError
 
 
@@ -62,12 +63,30 @@ def is_leaf_storage(t: torch.Tensor) -> bool:
     return base is not None and base.is_leaf
 
 
-def zero_fraction(t: torch.Tensor) -> float:
-    """Fraction of elements whose bits are all zero (+0.0). Synchronizes with the host on a GPU."""
-    if t.numel() == 0:
+# Elements looked at to estimate a tensor's zero fraction: a standard error under 0.2%, and a few hundred
+# kilobytes of temporaries even for a tensor of billions of elements (an exact count can need 8 bytes each).
+ZERO_FRACTION_SAMPLE = 1 << 16
+# Multiplier of the sampling walk: prime, so (i * stride) % n spreads over a tensor of any size.
+_SAMPLE_STRIDE = 2_654_435_761
+
+
+def zero_fraction(t: torch.Tensor, sample: int = ZERO_FRACTION_SAMPLE) -> float:
+    """Fraction of elements whose bits are all zero (+0.0), estimated from ``sample`` elements.
+
+    Exact for tensors of at most ``sample`` elements. Larger ones are sampled along a fixed pseudo-random
+    walk (no RNG state is touched, so training randomness is unchanged). Only a decision rests on it: the
+    codec itself always stores every element exactly. Synchronizes with the host on a GPU.
+    """
+    n = t.numel()
+    if n == 0:
         return 0.0
-    bits = t.detach().view(bit_view_dtype(t.dtype)) if t.dtype.is_floating_point else t.detach()
-    return 1.0 - int(torch.count_nonzero(bits)) / t.numel()
+    flat, _ = memory_order(t.detach())
+    bits = flat.view(bit_view_dtype(t.dtype)) if t.dtype in FLOAT_DTYPES else flat
+    if n > sample:
+        stride = _SAMPLE_STRIDE if n % _SAMPLE_STRIDE else 1_000_000_007  # another prime: coprime with n
+        idx = (torch.arange(sample, device=bits.device, dtype=torch.int64) * stride) % n
+        bits = bits[idx]
+    return 1.0 - int(torch.count_nonzero(bits)) / bits.numel()
 
 
 def default_rules(config: CacheConfig | None = None) -> list[Rule]:
