@@ -17,6 +17,7 @@ import copy
 import datetime
 import json
 import os
+import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -201,6 +202,7 @@ def _run(cfg: DemoConfig, progress: bool) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
+        "host": host_info(),
         "dtype": str(dtype).replace("torch.", ""),
         "model": {"preset": cfg.preset, "activation": cfg.activation, "params": base.num_params(False), "block_size": block},
         "tokens_per_step": tokens,
@@ -209,6 +211,19 @@ def _run(cfg: DemoConfig, progress: bool) -> dict:
         "corpus": corpus.name,
         "runs": [{k: v for k, v in asdict(run).items() if k != "losses"} for run in runs],
     }
+
+
+def host_info() -> dict:
+    """The machine a result was measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "os": platform.platform()}
 
 
 def render(result: dict):

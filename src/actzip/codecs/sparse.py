@@ -121,7 +121,7 @@ class SparseCodec(Codec):
         padded[:n] = stored
         counts = padded.view(n_tiles, self.tile_size).sum(dim=1, dtype=torch.int64)
         tile_offsets = (torch.cumsum(counts, 0) - counts).to(torch.int32)
-        values = bits[stored]  # the one host sync: the value buffer's size depends on the data
+        values = torch.masked_select(bits, stored)  # the one host sync: the buffer's size depends on the data
         nnz = values.numel()
         if self.sign_pack:
             width = self.value_bits(x.dtype)
@@ -144,8 +144,8 @@ class SparseCodec(Codec):
         values = p.buffers["values"]
         if p.meta["sign_pack"]:
             values = unpack_bits(values, p.meta["nnz"], bit_width(p.dtype) - 1, int_dtype)
-        out = torch.zeros(n, dtype=int_dtype, device=p.device)
-        out[stored] = values
+        # masked_scatter, not index_put: index_put is sort-based (slow) under deterministic algorithms.
+        out = torch.zeros(n, dtype=int_dtype, device=p.device).masked_scatter_(stored, values)
         return restore_order(out.view(p.dtype), p.shape, p.meta["perm"])
 
 
