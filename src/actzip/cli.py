@@ -27,6 +27,15 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from actzip.bench.report import write
+
+    print(f"wrote {write(Path(args.root))}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="actzip", description="Compress PyTorch activations where they are held or sent.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -45,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.set_defaults(func=_demo)
+    r = sub.add_parser("report", help="write docs/RESULTS.md from the JSON files under results/")
+    r.add_argument("--root", default=".", help="project root (default: the current directory)")
+    r.set_defaults(func=_report)
     return p
 
 

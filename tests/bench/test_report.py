@@ -1,0 +1,21 @@
+import json
+
+from actzip.bench.report import build
+from actzip.cli import main
+
+
+def test_report_renders_every_demo_json(tmp_path, capsys):
+    run = {"strategy": "none", "lossless": True, "saved_bytes_per_token": 100.0, "peak_bytes": 2**20,
+           "step_time_s": 0.01, "final_loss": 2.5, "max_grad_abs_diff": 0.0}
+    sparse = {**run, "strategy": "sparse", "saved_bytes_per_token": 75.0, "peak_bytes": 2**19, "step_time_s": 0.02}
+    doc = {"device": "NVIDIA H200", "date": "2026-01-01", "torch": "2.11", "dtype": "bfloat16",
+           "model": {"preset": "small", "activation": "relu2", "params": 3_000_000, "block_size": 128},
+           "tokens_per_step": 1024, "steps": 10, "command": "actzip demo", "runs": [run, sparse]}
+    (tmp_path / "results" / "demo").mkdir(parents=True)
+    (tmp_path / "results" / "demo" / "h200.json").write_text(json.dumps(doc))
+    text = build(tmp_path)
+    assert "| sparse | 75 | -25.0% | 0.5 MiB | -50.0% | 20.0 | +100.0% | 2.5000 | 0 |" in text
+    assert "NVIDIA H200" in text and "`actzip demo`" in text
+    (tmp_path / "docs").mkdir()
+    assert main(["report", "--root", str(tmp_path)]) == 0
+    assert (tmp_path / "docs" / "RESULTS.md").read_text() == text
