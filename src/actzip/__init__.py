@@ -10,6 +10,8 @@ from actzip.core.errors import (
     UnsupportedLayoutError,
 )
 
+from actzip.memory.apply import compress_
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -20,5 +22,6 @@ __all__ = [
     "UnsupportedDtypeError",
     "UnsupportedLayoutError",
     "codecs",
+    "compress_",
     "memory",
 ]

@@ -1,7 +1,26 @@
-"""Where codecs meet autograd: the compressed activation cache."""
+"""Where codecs meet autograd: the compressed activation cache and fused ReLU / ReLU² MLPs."""
 
 from actzip.memory.account import RuleStats, StepAccount
+from actzip.memory.apply import CompressReport, SparseMLPConfig, compress_, register_handler
+from actzip.memory.relu_mlp import SparseGatedReLUMLP, SparseReLU, SparseReLUMLP
 from actzip.memory.rules import CacheConfig, Rule, count_only_rules, default_rules
-from actzip.memory.saved import ActivationCache
+from actzip.memory.saved import ActivationCache, current_cache, record_external
 
-__all__ = ["ActivationCache", "CacheConfig", "Rule", "RuleStats", "StepAccount", "count_only_rules", "default_rules"]
+__all__ = [
+    "ActivationCache",
+    "CacheConfig",
+    "CompressReport",
+    "Rule",
+    "RuleStats",
+    "SparseGatedReLUMLP",
+    "SparseMLPConfig",
+    "SparseReLU",
+    "SparseReLUMLP",
+    "StepAccount",
+    "compress_",
+    "count_only_rules",
+    "current_cache",
+    "default_rules",
+    "record_external",
+    "register_handler",
+]

@@ -50,6 +50,21 @@ class _Saved:
         return t
 
 
+_ACTIVE: list["ActivationCache"] = []  # caches whose `with` block is open, innermost last
+
+
+def current_cache() -> "ActivationCache | None":
+    """The innermost open :class:`ActivationCache`, if any."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def record_external(rule: str, dense_bytes: int, stored_bytes: int) -> None:
+    """Account bytes kept for backward outside the hooks (e.g. by a fused autograd function)."""
+    cache = current_cache()
+    if cache is not None and cache._account is not None:
+        cache._account.add(rule, dense_bytes, stored_bytes)
+
+
 class ActivationCache:
     """Compress the tensors autograd saves inside a ``with`` block.
 
@@ -93,11 +108,13 @@ class ActivationCache:
         self._seen.clear()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
+        _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
         self._hooks = None
+        _ACTIVE.remove(self)
         self.history.append(self._account)
         self._account = None
         self._seen.clear()
@@ -142,6 +159,12 @@ class ActivationCache:
         self._account.add("unmatched", dense, dense)
         return _Saved(t, None, None)
 
+    def pack(self, t: torch.Tensor) -> _Saved:
+        """Store ``t`` as the hooks would (for code that installs hooks of its own inside the block)."""
+        return self._pack(t)
+
     @staticmethod
-    def _unpack(saved: _Saved) -> torch.Tensor:
+    def unpack(saved: _Saved) -> torch.Tensor:
         return saved.get()
+
+    _unpack = unpack

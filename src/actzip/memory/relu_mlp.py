@@ -1,0 +1,224 @@
+"""Fused ReLU / ReLU² MLPs that keep only the compressed ReLU output for backward.
+
+For ``down(act(up(x)))`` with ``act = relu`` or ``relu²``, PyTorch keeps ``x``, ``relu(h)`` and (for
+relu²) ``relu(h)²`` for backward. Here only ``x`` and the lossless sparse payload of ``r = relu(h)`` are
+kept: ``d relu(h)²/dh = 2·relu(h)`` needs ``r`` alone, and every other tensor backward needs (``r²`` for the
+down projection's weight gradient; ``r²·u`` in the gated form) is rebuilt from the payload with the very same
+op that made it, so gradients are bit-identical to the unfused module for the same matmul path.
+
+How it stays exact: the linear layers are the caller's own modules, run by autograd as usual; only the
+activation is a custom autograd function (:class:`SparseReLU`), and the tensors the later ops would save
+(``a``, ``a·u``) are replaced, through :func:`torch.autograd.graph.saved_tensors_hooks` scoped to those ops,
+by small handles that recompute them from the payload in backward. Modern matmul backward therefore sees the
+same tensors, strides included, as without actzip.
+
+Never stores both pre- and post-activation (as some fused ReLU² MLPs do): that would double the cache.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from actzip.codecs.base import Codec
+from actzip.core import registry
+from actzip.core.errors import ConfigError
+from actzip.core.payload import Payload
+from actzip.memory.saved import current_cache, record_external
+
+
+def _sparse_codec(codec: Codec | None) -> Codec:
+    codec = codec if codec is not None else registry.get("sparse")
+    if not codec.lossless:
+        raise ConfigError(f"relu MLP: codec {codec.name!r} is lossy; the fused MLP promises exact gradients")
+    return codec
+
+
+# -- what backward rebuilds from the payload (PyTorch reference; kernels may replace them) ------------------
+
+
+def activation_from_payload(payload: Payload, codec: Codec, square: bool) -> torch.Tensor:
+    """``relu(h)`` (or ``relu(h)²``) rebuilt from the payload of ``relu(h)``, bit for bit."""
+    r = codec.decode(payload)
+    return r.square() if square else r
+
+
+def relu_grad_from_payload(grad: torch.Tensor, payload: Payload, codec: Codec, square: bool) -> torch.Tensor:
+    """Gradient w.r.t. the pre-activation, exactly as autograd computes it for ``relu`` / ``relu(h).square()``."""
+    r = codec.decode(payload)
+    if square:
+        grad = grad * (2.0 * r)  # pow_backward for exponent 2: grad * (2 * r**1)
+    return torch.ops.aten.threshold_backward(grad, r, 0)
+
+
+class SparseReLU(torch.autograd.Function):
+    """``relu(h)`` or ``relu(h)²`` that saves only the sparse payload of ``relu(h)``.
+
+    The payload's buffers go through ``save_for_backward``, so autograd frees them as soon as this node's
+    backward has run, as it would free a saved tensor.
+    """
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, codec: Codec, square: bool, name: str):
+        r = torch.relu(h)
+        payload = codec.encode(r, name=name)
+        ctx.keys = tuple(payload.buffers)
+        ctx.skeleton = Payload(payload.codec, payload.shape, payload.dtype, payload.device, {}, payload.meta)
+        ctx.save_for_backward(*payload.buffers.values())
+        ctx.codec, ctx.square = codec, square
+        record_external("relu_mlp", r.numel() * r.element_size(), payload.nbytes)
+        return r.square() if square else r
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gh = relu_grad_from_payload(grad, payload_of(ctx), ctx.codec, ctx.square)
+        return gh, None, None, None
+
+
+def payload_of(node) -> Payload:
+    """The payload a :class:`SparseReLU` node saved (``node`` is its ctx, i.e. the output's ``grad_fn``)."""
+    sk = node.skeleton
+    return Payload(sk.codec, sk.shape, sk.dtype, sk.device, dict(zip(node.keys, node.saved_tensors)), sk.meta)
+
+
+class _Rebuild:
+    """What autograd keeps instead of a tensor that can be recomputed from a payload."""
+
+    __slots__ = ("make", "size", "stride", "offset")
+
+    def __init__(self, make: Callable[[], torch.Tensor], view: torch.Tensor) -> None:
+        self.make = make
+        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
+
+    def get(self) -> torch.Tensor:
+        return self.make().as_strided(self.size, self.stride, self.offset)
+
+
+def _shares_storage(t: torch.Tensor, target: torch.Tensor) -> bool:
+    return t.device == target.device and t.untyped_storage().data_ptr() == target.untyped_storage().data_ptr()
+
+
+class _RebuildSaved(torch.autograd.graph.saved_tensors_hooks):
+    """Inside the block, a saved tensor sharing storage with a target is kept as a rebuild handle.
+
+    Other saved tensors go to the enclosing :class:`~actzip.memory.ActivationCache` if one is open (these
+    hooks hide it), else are kept as they are. Rebuilt tensors are accounted as stored in 0 bytes.
+    """
+
+    def __init__(self, targets: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]]) -> None:
+        # The rebuilt tensor comes back contiguous from offset 0: only such targets can be re-viewed exactly.
+        targets = [(t, make) for t, make in targets if t.is_contiguous() and t.storage_offset() == 0]
+        cache = current_cache()
+
+        def pack(t: torch.Tensor):
+            for target, make in targets:
+                if _shares_storage(t, target):
+                    record_external("rebuilt", t.numel() * t.element_size(), 0)
+                    return _Rebuild(make, t)
+            return cache.pack(t) if cache is not None else t
+
+        def unpack(saved):
+            if isinstance(saved, _Rebuild):
+                return saved.get()
+            return cache.unpack(saved) if cache is not None else saved
+
+        super().__init__(pack, unpack)
+
+
+class SparseReLUMLP(nn.Module):
+    """``down(act(up(x)))`` with ``act`` relu or relu², keeping ``x`` and the payload of ``relu(up(x))``.
+
+    ``up`` and ``down`` are any modules (``nn.Linear``, HF ``Conv1D``, ...); they are registered under the
+    given names so the state dict keys stay those of the module replaced. ``dropout``, if given, is applied
+    after ``down`` as in GPT-2.
+    """
+
+    def __init__(
+        self,
+        up: nn.Module,
+        down: nn.Module,
+        *,
+        square: bool,
+        codec: Codec | None = None,
+        names: tuple[str, str] = ("up", "down"),
+        dropout: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.square = square
+        self.codec = _sparse_codec(codec)
+        self._up_name, self._down_name = names
+        self.add_module(names[0], up)
+        self.add_module(names[1], down)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up, down = getattr(self, self._up_name), getattr(self, self._down_name)
+        h = up(x)
+        if not (torch.is_grad_enabled() and h.requires_grad):
+            r = torch.relu(h)
+            y = down(r.square() if self.square else r)
+        else:
+            a = SparseReLU.apply(h, self.codec, self.square, "relu output")
+            node, codec, square = a.grad_fn, self.codec, self.square
+
+            def rebuild_a() -> torch.Tensor:
+                return activation_from_payload(payload_of(node), codec, square)
+
+            with _RebuildSaved([(a, rebuild_a)]):
+                y = down(a)
+        return self.dropout(y) if self.dropout is not None else y
+
+    def extra_repr(self) -> str:
+        return f"activation={'relu2' if self.square else 'relu'}, codec={self.codec!r}"
+
+
+class SparseGatedReLUMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` (Llama-style) with ``act`` relu or relu².
+
+    Keeps ``x``, ``up(x)`` and the payload of ``relu(gate(x))``; ``act(gate(x))`` and the product are rebuilt
+    from them in backward.
+    """
+
+    def __init__(
+        self,
+        gate: nn.Module,
+        up: nn.Module,
+        down: nn.Module,
+        *,
+        square: bool,
+        codec: Codec | None = None,
+        names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+    ) -> None:
+        super().__init__()
+        self.square = square
+        self.codec = _sparse_codec(codec)
+        self._names = names
+        for name, mod in zip(names, (gate, up, down)):
+            self.add_module(name, mod)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up, down = (getattr(self, n) for n in self._names)
+        g = gate(x)
+        if not (torch.is_grad_enabled() and g.requires_grad):
+            r = torch.relu(g)
+            return down((r.square() if self.square else r) * up(x))
+        a = SparseReLU.apply(g, self.codec, self.square, "relu output")
+        node, codec, square = a.grad_fn, self.codec, self.square
+
+        def rebuild_a() -> torch.Tensor:
+            return activation_from_payload(payload_of(node), codec, square)
+
+        u = up(x)
+        with _RebuildSaved([(a, rebuild_a)]):
+            p = a * u
+
+        def rebuild_p() -> torch.Tensor:
+            return rebuild_a() * u
+
+        with _RebuildSaved([(p, rebuild_p)]):
+            return down(p)
+
+    def extra_repr(self) -> str:
+        return f"activation={'relu2' if self.square else 'relu'}, gated, codec={self.codec!r}"
