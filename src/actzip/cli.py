@@ -27,6 +27,42 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_ffn(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from actzip.bench.ffn import FFNBenchConfig, run_ffn
+
+    fields = {k: v for k, v in vars(args).items() if k in FFNBenchConfig.__dataclass_fields__ and v is not None}
+    if "strategies" in fields:
+        fields["strategies"] = tuple(fields["strategies"].split(","))
+    cfg = FFNBenchConfig(**fields)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    console = Console()
+    console.print(f"[bold]FFN stack[/]: {cfg.n_blocks} blocks, d={cfg.d}, hidden={cfg.hidden}, rows={cfg.rows}, "
+                  f"{cfg.dtype}, density {cfg.density}, on {device}")
+    record = run_ffn(cfg, device)
+    record["command"] = " ".join(["actzip", *args.argv])
+    t = Table(title=f"measured density {record['density']:.3f}")
+    for col in ("strategy", "median ms", "vs none", "peak GiB", "vs none", "max|Δgrad|"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in record["runs"]:
+        peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}"
+        rel = "" if r["peak_vs_none"] is None else f"{r['peak_vs_none'] - 1:+.1%}"
+        t.add_row(r["strategy"], f"{r['median_ms']:.2f}", f"{r['time_vs_none'] - 1:+.2%}", peak, rel,
+                  f"{r['max_grad_abs_diff']:.3g}")
+    console.print(t)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -54,6 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.set_defaults(func=_demo)
+    b = sub.add_parser("bench", help="benchmarks (results as JSON for results/)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    f = bsub.add_parser("ffn", help="residual ReLU² FFN stack: peak memory and step time per strategy")
+    f.add_argument("--d", type=int, help="width (default 4096)")
+    f.add_argument("--rows", type=int, help="tokens per step (default 16384)")
+    f.add_argument("--n-blocks", type=int, dest="n_blocks", help="blocks (default 8)")
+    f.add_argument("--density", choices=["mid", "low"], help="mid: ~50%% non-zero, low: ~20%%")
+    f.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
+    f.add_argument("--kernel", choices=["auto", "torch", "triton"])
+    f.add_argument("--rounds", type=int)
+    f.add_argument("--warmup", type=int)
+    f.add_argument("--strategies", help="comma-separated subset of none,checkpoint,cache,fused,fused-signpack")
+    f.add_argument("--device")
+    f.add_argument("--json", metavar="PATH")
+    f.set_defaults(func=_bench_ffn)
     r = sub.add_parser("report", help="write docs/RESULTS.md from the JSON files under results/")
     r.add_argument("--root", default=".", help="project root (default: the current directory)")
     r.set_defaults(func=_report)

@@ -215,15 +215,9 @@ def _run(cfg: DemoConfig, progress: bool) -> dict:
 
 def host_info() -> dict:
     """The machine a result was measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "os": platform.platform()}
+    from actzip.bench.harness import cpu_name
+
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(), "os": platform.platform()}
 
 
 def render(result: dict):

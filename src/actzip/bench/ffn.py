@@ -1,0 +1,189 @@
+"""FFN-stack memory benchmark: residual ReLU² FFN blocks, peak memory and fwd+bwd time per strategy.
+
+The workload of the public BitSparse comparison: ``n_blocks`` residual blocks ``x + down(relu(up(rms(x)))²)``
+(d, hidden = 5.25·d, bf16, ``rows`` tokens, xavier weights, loss ``|y - x|.mean()``). ``density`` "low" shifts
+``up``'s weights so that about a fifth of the pre-activations are positive; the measured density is reported.
+
+Strategies (all on the same weights and input, interleaved):
+- ``none``: plain PyTorch;
+- ``checkpoint``: ``torch.utils.checkpoint`` around each block;
+- ``cache``: the whole step under :class:`actzip.memory.ActivationCache` (the generic hook-based cache);
+- ``fused``: each MLP as :class:`actzip.memory.SparseReLUMLP` (only the sparse payload of relu(h) is kept);
+- ``fused-signpack``: the same with 15-bit sign packing.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from actzip.core import registry
+from actzip.core.errors import ConfigError
+from actzip.memory import ActivationCache, SparseReLUMLP
+
+INPUT_MEAN = 0.5  # the benchmark input is randn + INPUT_MEAN
+# "low" density: up's weights shifted by -LOW_DENSITY_SHIFT / sqrt(d) * std. The pre-activations then move
+# by a fixed number of their own standard deviations whatever d is: about 20% stay positive.
+LOW_DENSITY_SHIFT = 1.9
+STRATEGIES = ("none", "checkpoint", "cache", "fused", "fused-signpack")
+
+
+@dataclass
+class FFNBenchConfig:
+    """One FFN-stack workload."""
+
+    d: int = 4096  # model width
+    rows: int = 16384  # tokens per step
+    n_blocks: int = 8  # residual FFN blocks
+    hidden_ratio: float = 5.25  # hidden = round(hidden_ratio * d)
+    density: str = "mid"  # "mid" (~50% of relu(h) non-zero) or "low" (~20%: up's weights shifted)
+    dtype: str = "bfloat16"
+    kernel: str = "auto"  # sparse codec kernel for the fused strategies
+    rounds: int = 10  # measured rounds per strategy
+    warmup: int = 2  # rounds dropped first
+    strategies: tuple[str, ...] = STRATEGIES
+
+    def __post_init__(self) -> None:
+        if self.density not in ("mid", "low"):
+            raise ConfigError(f"ffn bench: density must be 'mid' or 'low', got {self.density!r}")
+        bad = [s for s in self.strategies if s not in STRATEGIES]
+        if bad:
+            raise ConfigError(f"ffn bench: unknown strategies {bad}; choose from {list(STRATEGIES)}")
+
+    @property
+    def hidden(self) -> int:
+        return int(round(self.hidden_ratio * self.d))
+
+
+class FFNBlock(nn.Module):
+    def __init__(self, d: int, hidden: int) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(d)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+        self.fused: SparseReLUMLP | None = None  # set per strategy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.norm(x)
+        if self.fused is not None:
+            return x + self.fused(n)
+        return x + self.down(F.relu(self.up(n)).square())
+
+
+def build_stack(cfg: FFNBenchConfig, device: torch.device) -> nn.ModuleList:
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(FFNBlock(cfg.d, cfg.hidden) for _ in range(cfg.n_blocks))
+    for b in blocks:
+        nn.init.xavier_uniform_(b.up.weight)
+        nn.init.xavier_uniform_(b.down.weight)
+        if cfg.density == "low":
+            with torch.no_grad():
+                # With the input's positive mean, a negative shift of every weight pushes most
+                # pre-activations below zero.
+                b.up.weight -= LOW_DENSITY_SHIFT / math.sqrt(cfg.d) * b.up.weight.std()
+    return blocks.to(device=device, dtype=getattr(torch, cfg.dtype))
+
+
+def make_input(cfg: FFNBenchConfig, device: torch.device) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(1)
+    x = torch.randn(cfg.rows, cfg.d, generator=g) + INPUT_MEAN
+    return x.to(device=device, dtype=getattr(torch, cfg.dtype))
+
+
+def measured_density(blocks: nn.ModuleList, x: torch.Tensor) -> float:
+    """Mean fraction of non-zero relu(h) over the blocks, on the benchmark input."""
+    fr = []
+    with torch.no_grad():
+        for b in blocks:
+            fr.append(float((b.up(b.norm(x)) > 0).float().mean()))
+            x = b(x)
+    return sum(fr) / len(fr)
+
+
+def _set_fused(blocks: nn.ModuleList, codec) -> None:
+    for b in blocks:
+        b.fused = None if codec is None else SparseReLUMLP(b.up, b.down, square=True, codec=codec)
+
+
+def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> dict:
+    """A step function per strategy: forward + backward, gradients dropped after."""
+    codecs = {
+        "fused": registry.get("sparse", kernel=cfg.kernel) if _has_kernel_option() else registry.get("sparse"),
+        "fused-signpack": registry.get("sparse", sign_pack=True, check=False, **({"kernel": cfg.kernel} if _has_kernel_option() else {})),
+    }
+
+    def forward(strategy: str) -> torch.Tensor:
+        h = x
+        for b in blocks:
+            h = checkpoint(b, h, use_reentrant=False) if strategy == "checkpoint" else b(h)
+        return (h - x).abs().mean()
+
+    def step(strategy: str) -> None:
+        _set_fused(blocks, codecs.get(strategy))
+        if strategy == "cache":
+            with ActivationCache():
+                loss = forward(strategy)
+        else:
+            loss = forward(strategy)
+        loss.backward()
+        for p in blocks.parameters():
+            p.grad = None
+        _set_fused(blocks, None)
+
+    return {s: (lambda s=s: step(s)) for s in cfg.strategies}
+
+
+def _has_kernel_option() -> bool:
+    import inspect
+
+    from actzip.codecs.sparse import SparseCodec
+
+    return "kernel" in inspect.signature(SparseCodec.__init__).parameters
+
+
+def check_gradients(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> dict:
+    """Max |grad - grad of none| per strategy over every parameter, on one step (0: bit-identical)."""
+    steps = make_steps(cfg, blocks, x)
+    grads: dict[str, dict[int, torch.Tensor]] = {}
+    for strategy in cfg.strategies:
+        got: dict[int, torch.Tensor] = {}
+        # The step drops gradients at its end: take a copy as each one is accumulated.
+        hooks = [p.register_post_accumulate_grad_hook(lambda p, got=got: got.__setitem__(id(p), p.grad.clone()))
+                 for p in blocks.parameters()]
+        try:
+            steps[strategy]()
+        finally:
+            for h in hooks:
+                h.remove()
+        grads[strategy] = got
+    ref = grads["none"]
+    return {s: max(float((g[k].float() - ref[k].float()).abs().max()) for k in ref) for s, g in grads.items()}
+
+
+def result_record(cfg: FFNBenchConfig, results: dict, density: float, grad_diff: dict) -> dict:
+    base = results["none"]
+    rows = []
+    for name, r in results.items():
+        rows.append({"strategy": name, **r.summary(),
+                     "time_vs_none": r.median_ms / base.median_ms,
+                     "peak_vs_none": (r.peak_bytes / base.peak_bytes) if r.peak_bytes and base.peak_bytes else None,
+                     "max_grad_abs_diff": grad_diff.get(name)})
+    return {"config": asdict(cfg), "density": density, "runs": rows}
+
+
+def run_ffn(cfg: FFNBenchConfig, device: torch.device, progress=None) -> dict:
+    """Build the stack, check gradients once, then time every strategy interleaved."""
+    from actzip.bench.harness import machine_record, run_interleaved
+
+    blocks = build_stack(cfg, device)
+    x = make_input(cfg, device)
+    density = measured_density(blocks, x)
+    grad_diff = check_gradients(cfg, blocks, x)
+    results = run_interleaved(make_steps(cfg, blocks, x), device, rounds=cfg.rounds, warmup=cfg.warmup, progress=progress)
+    return {**result_record(cfg, results, density, grad_diff), "machine": machine_record(device)}

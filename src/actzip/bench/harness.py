@@ -1,0 +1,141 @@
+"""Shared benchmark harness: interleaved variants, warm-up, medians, peak memory, machine record.
+
+Variants are measured round-robin (A B C, B C A, ...) so that drifting clocks or caches hit all of them
+alike; the first ``warmup`` rounds are dropped; times are medians. On CUDA a step is timed with CUDA events
+and its peak is ``torch.cuda.max_memory_allocated`` over the step (absolute: weights and inputs included).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class VariantResult:
+    name: str
+    times_ms: list[float] = field(default_factory=list)  # one per measured round
+    peaks: list[int] = field(default_factory=list)  # bytes, CUDA only
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times_ms)
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return max(self.peaks) if self.peaks else None
+
+    def summary(self) -> dict:
+        return {
+            "median_ms": self.median_ms,
+            "min_ms": min(self.times_ms),
+            "max_ms": max(self.times_ms),
+            "rounds": len(self.times_ms),
+            "peak_bytes": self.peak_bytes,
+        }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_interleaved(
+    variants: dict[str, Callable[[], None]],
+    device: torch.device,
+    rounds: int = 10,
+    warmup: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, VariantResult]:
+    """Run each variant's step ``warmup + rounds`` times, interleaved; return the measured rounds."""
+    names = list(variants)
+    results = {n: VariantResult(n) for n in names}
+    for r in range(warmup + rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            gc.collect()
+            _sync(device)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                variants[name]()
+                end.record()
+                _sync(device)
+                ms = start.elapsed_time(end)
+                peak = torch.cuda.max_memory_allocated(device)
+            else:
+                t0 = time.perf_counter()
+                variants[name]()
+                ms = (time.perf_counter() - t0) * 1e3
+                peak = None
+            if r >= warmup:
+                results[name].times_ms.append(ms)
+                if peak is not None:
+                    results[name].peaks.append(peak)
+            if progress is not None:
+                progress(name)
+    return results
+
+
+def machine_record(device: torch.device) -> dict:
+    """Where and with what a result was measured."""
+    rec = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host_cpu": cpu_name(),
+        "cores": os.cpu_count(),
+    }
+    try:
+        import triton
+
+        rec["triton"] = triton.__version__
+    except ImportError:
+        rec["triton"] = None
+    if device.type == "cuda":
+        rec["gpu"] = torch.cuda.get_device_name(device)
+        rec["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
+    return rec
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, rounds: int = 20) -> float:
+    """Measured device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(rounds + 3):
+        _sync(device)
+        t0 = time.perf_counter()
+        if device.type == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            dst.copy_(src)
+            e.record()
+            _sync(device)
+            dt = s.elapsed_time(e) / 1e3
+        else:
+            dst.copy_(src)
+            dt = time.perf_counter() - t0
+        if i >= 3:
+            times.append(dt)
+    return 2 * nbytes / statistics.median(times)
