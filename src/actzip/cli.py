@@ -28,9 +28,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench_ffn(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
     import torch
     from rich.console import Console
     from rich.table import Table
@@ -56,11 +53,47 @@ def _bench_ffn(args: argparse.Namespace) -> int:
         t.add_row(r["strategy"], f"{r['median_ms']:.2f}", f"{r['time_vs_none'] - 1:+.2%}", peak, rel,
                   f"{r['max_grad_abs_diff']:.3g}")
     console.print(t)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-        console.print(f"wrote {args.json}")
+    _write_json(record, args.json, console)
     return 0
+
+
+def _bench_gpt(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from actzip.bench.gpt_memory import GPTBenchConfig, run_gpt
+
+    fields = {k: v for k, v in vars(args).items() if k in GPTBenchConfig.__dataclass_fields__ and v is not None}
+    for key in ("strategies", "seq_lens"):
+        if key in fields:
+            parts = fields[key].split(",")
+            fields[key] = tuple(int(p) for p in parts) if key == "seq_lens" else tuple(parts)
+    cfg = GPTBenchConfig(**fields)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    console = Console()
+    record = run_gpt(cfg, device)
+    record["command"] = " ".join(["actzip", *args.argv])
+    t = Table(title=f"reference GPT ({cfg.preset}, {cfg.dtype}), {cfg.tokens_per_step} tokens/step, {device}")
+    for col in ("seq", "strategy", "median ms", "vs none", "peak KiB/token", "vs none"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in record["runs"]:
+        peak = "n/a" if r["peak_bytes_per_token"] is None else f"{r['peak_bytes_per_token'] / 1024:.1f}"
+        rel = "" if r["peak_vs_none"] is None else f"{r['peak_vs_none'] - 1:+.1%}"
+        t.add_row(str(r["seq_len"]), r["strategy"], f"{r['median_ms']:.2f}", f"{r['time_vs_none'] - 1:+.2%}", peak, rel)
+    console.print(t)
+    _write_json(record, args.json, console)
+    return 0
+
+
+def _write_json(record: dict, path: str | None, console) -> None:
+    import json
+    from pathlib import Path
+
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(record, indent=2) + "\n")
+        console.print(f"wrote {path}")
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -105,6 +138,18 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--device")
     f.add_argument("--json", metavar="PATH")
     f.set_defaults(func=_bench_ffn)
+    gp = bsub.add_parser("gpt", help="reference ReLU² GPT: per-token peak memory and step time per strategy")
+    gp.add_argument("--preset", help="model size (default gpt2-124m)")
+    gp.add_argument("--seq-lens", dest="seq_lens", help="comma-separated (default 1024,4096,8192)")
+    gp.add_argument("--tokens-per-step", type=int, dest="tokens_per_step")
+    gp.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
+    gp.add_argument("--kernel", choices=["auto", "torch", "triton"])
+    gp.add_argument("--rounds", type=int)
+    gp.add_argument("--warmup", type=int)
+    gp.add_argument("--strategies", help="comma-separated subset of none,checkpoint,fused,fused-signpack")
+    gp.add_argument("--device")
+    gp.add_argument("--json", metavar="PATH")
+    gp.set_defaults(func=_bench_gpt)
     r = sub.add_parser("report", help="write docs/RESULTS.md from the JSON files under results/")
     r.add_argument("--root", default=".", help="project root (default: the current directory)")
     r.set_defaults(func=_report)

@@ -1,0 +1,95 @@
+"""Reference-GPT memory benchmark: per-token peak memory and training-step time per strategy.
+
+A ReLU² GPT (default the ~124M preset, bf16 weights, AdamW) is trained on random tokens at each sequence
+length with a fixed number of tokens per step. Strategies share one set of weights and one optimizer and are
+interleaved step by step:
+- ``none``: plain PyTorch;
+- ``checkpoint``: every block checkpointed;
+- ``fused``: every MLP as :class:`actzip.memory.SparseReLUMLP` (only the sparse payload of relu(h) kept);
+- ``fused-signpack``: the same with sign-bit packing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from actzip.core import registry
+from actzip.core.errors import ConfigError
+from actzip.memory import SparseReLUMLP
+from actzip.models import GPT, GPTConfig
+
+STRATEGIES = ("none", "checkpoint", "fused", "fused-signpack")
+
+
+@dataclass
+class GPTBenchConfig:
+    """One reference-GPT workload."""
+
+    preset: str = "gpt2-124m"  # model size
+    seq_lens: tuple[int, ...] = (1024, 4096, 8192)  # sequence lengths measured
+    tokens_per_step: int = 8192  # batch = tokens_per_step // seq_len
+    dtype: str = "bfloat16"  # weights and activations
+    kernel: str = "auto"  # sparse codec kernel
+    rounds: int = 10  # measured steps per strategy and length
+    warmup: int = 3  # steps dropped first
+    strategies: tuple[str, ...] = STRATEGIES
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.strategies if s not in STRATEGIES]
+        if bad:
+            raise ConfigError(f"gpt bench: unknown strategies {bad}; choose from {list(STRATEGIES)}")
+        short = [s for s in self.seq_lens if self.tokens_per_step % s]
+        if short:
+            raise ConfigError(f"gpt bench: tokens_per_step {self.tokens_per_step} is not a multiple of {short}")
+
+
+def _codec(cfg: GPTBenchConfig, sign_pack: bool):
+    opts = {"sign_pack": True, "check": False} if sign_pack else {}
+    try:
+        return registry.get("sparse", kernel=cfg.kernel, **opts)
+    except Exception:  # a codec without the kernel option: its default path
+        return registry.get("sparse", **opts)
+
+
+def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
+    from actzip.bench.harness import machine_record, run_interleaved
+
+    runs = []
+    for seq in cfg.seq_lens:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig.preset(cfg.preset, block_size=seq)).to(device=device, dtype=getattr(torch, cfg.dtype))
+        opt = model.configure_optimizer(lr=1e-4)
+        plain = [b.mlp for b in model.h]
+        fused = {
+            "fused": [SparseReLUMLP(m.c_fc, m.c_proj, square=True, codec=_codec(cfg, False), names=("c_fc", "c_proj"), dropout=m.dropout) for m in plain],
+            "fused-signpack": [SparseReLUMLP(m.c_fc, m.c_proj, square=True, codec=_codec(cfg, True), names=("c_fc", "c_proj"), dropout=m.dropout) for m in plain],
+        }
+        batch = cfg.tokens_per_step // seq
+        g = torch.Generator(device="cpu").manual_seed(seq)
+        idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), generator=g).to(device)
+        x, y = idx[:, :-1], idx[:, 1:]
+
+        def step(strategy: str) -> None:
+            for b, mlp in zip(model.h, fused.get(strategy, plain)):
+                b.mlp = mlp
+            model.config.checkpoint_blocks = strategy == "checkpoint"
+            opt.zero_grad(set_to_none=True)
+            _, loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        results = run_interleaved({s: (lambda s=s: step(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
+                                  warmup=cfg.warmup, progress=progress)
+        base = results["none"]
+        for name, r in results.items():
+            runs.append({
+                "seq_len": seq, "batch": batch, "strategy": name, **r.summary(),
+                "peak_bytes_per_token": r.peak_bytes / cfg.tokens_per_step if r.peak_bytes else None,
+                "time_vs_none": r.median_ms / base.median_ms,
+                "peak_vs_none": r.peak_bytes / base.peak_bytes if r.peak_bytes and base.peak_bytes else None,
+            })
+        del model, opt, plain, fused
+    return {"config": asdict(cfg), "runs": runs, "machine": machine_record(device)}

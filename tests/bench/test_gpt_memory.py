@@ -1,0 +1,20 @@
+import pytest
+import torch
+
+from actzip.bench.gpt_memory import GPTBenchConfig, run_gpt
+from actzip.core.errors import ConfigError
+
+
+def test_tiny_run_has_every_strategy_and_length():
+    cfg = GPTBenchConfig(preset="tiny", seq_lens=(32, 64), tokens_per_step=128, dtype="float32", rounds=1, warmup=1)
+    rec = run_gpt(cfg, torch.device("cpu"))
+    got = {(r["seq_len"], r["strategy"]) for r in rec["runs"]}
+    assert got == {(s, k) for s in (32, 64) for k in cfg.strategies}
+    assert all(r["batch"] * r["seq_len"] == 128 for r in rec["runs"])
+
+
+def test_bad_config():
+    with pytest.raises(ConfigError, match="multiple"):
+        GPTBenchConfig(seq_lens=(1000,), tokens_per_step=4096)
+    with pytest.raises(ConfigError, match="unknown strategies"):
+        GPTBenchConfig(strategies=("none", "x"))
