@@ -86,6 +86,31 @@ def _bench_gpt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_bits(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from actzip.bench.bits import BitsBenchConfig, run_bits
+
+    fields = {k: v for k, v in vars(args).items() if k in BitsBenchConfig.__dataclass_fields__ and v is not None}
+    cfg = BitsBenchConfig(**fields)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    console = Console()
+    record = run_bits(cfg, device)
+    record["command"] = " ".join(["actzip", *args.argv])
+    t = Table(title=f"bits/element on relu(h) of a {cfg.preset} ReLU² GPT after {cfg.steps} steps ({cfg.dtype})")
+    for col in ("layer", "density", "bound", "codec", "bound (sign)", "codec (sign)", "codec/bound (sign)"):
+        t.add_column(col, justify="right")
+    for r in record["layers"]:
+        t.add_row(str(r["layer"]), f"{r['density']:.3f}", f"{r['bound_bits']:.2f}", f"{r['codec_bits']:.2f}",
+                  f"{r['bound_bits_signpack']:.2f}", f"{r['codec_bits_signpack']:.2f}",
+                  f"{r['codec_bits_signpack'] / r['bound_bits_signpack']:.3f}")
+    console.print(t)
+    _write_json(record, args.json, console)
+    return 0
+
+
 def _write_json(record: dict, path: str | None, console) -> None:
     import json
     from pathlib import Path
@@ -150,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--device")
     gp.add_argument("--json", metavar="PATH")
     gp.set_defaults(func=_bench_gpt)
+    bb = bsub.add_parser("bits", help="codec bits per element vs the entropy bound on a trained ReLU² GPT")
+    bb.add_argument("--preset")
+    bb.add_argument("--steps", type=int)
+    bb.add_argument("--batch-size", type=int, dest="batch_size")
+    bb.add_argument("--dtype", choices=["bfloat16", "float16", "float32", "float8_e4m3fn"])
+    bb.add_argument("--device")
+    bb.add_argument("--json", metavar="PATH")
+    bb.set_defaults(func=_bench_bits)
     r = sub.add_parser("report", help="write docs/RESULTS.md from the JSON files under results/")
     r.add_argument("--root", default=".", help="project root (default: the current directory)")
     r.set_defaults(func=_report)
