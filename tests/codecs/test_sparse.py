@@ -1,6 +1,10 @@
 """The lossless sparse codec: bit-exact round trips on any dtype, shape, layout, density and special value."""
 
 import math
+import os
+import subprocess
+import sys
+import warnings
 
 import pytest
 import torch
@@ -120,8 +124,17 @@ def test_sign_packed_round_trip_is_bit_exact(shape, dtype, density, tile, seed):
     codec = actzip.codecs.get("sparse", sign_pack=True, tile_size=tile)
     p = codec.encode(x)
     assert_bit_equal(codec.decode(p), x)
-    nnz = int((bits(x) != 0).sum())
-    assert p.buffers["values"].numel() == (nnz * (dtype.itemsize * 8 - 1) + 7) // 8
+    # Each tile's values fill whole 32-bit words; tile_offsets count the words of the earlier tiles.
+    flags = bits(x).reshape(-1) != 0
+    n_tiles = -(-flags.numel() // tile)
+    counts = torch.zeros(n_tiles * tile, dtype=torch.bool)
+    counts[: flags.numel()] = flags
+    counts = counts.view(n_tiles, tile).sum(1)
+    words = (counts * (dtype.itemsize * 8 - 1) + 31) // 32
+    assert p.buffers["values"].dtype == torch.int32
+    assert p.buffers["values"].numel() == int(words.sum())
+    assert p.buffers["tile_offsets"].tolist() == (torch.cumsum(words, 0) - words).tolist()
+    assert p.meta["nnz"] == int(flags.sum())
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -158,6 +171,47 @@ def test_format_sizes():
     assert p.buffers["values"].numel() == 2500
     assert p.nbytes == 3 * 512 + 3 * 4 + 2500 * 2
     assert p.ratio == pytest.approx(20_000 / p.nbytes)
+
+
+def test_sign_packed_format_sizes():
+    x = torch.zeros(10_000, dtype=torch.bfloat16)
+    x[::4] = 1.0
+    p = SparseCodec(tile_size=4096, sign_pack=True).encode(x)
+    # 1024, 1024 and 452 values of 15 bits: 480, 480 and ceil(452 * 15 / 32) = 212 words.
+    assert p.buffers["tile_offsets"].tolist() == [0, 480, 960]
+    assert p.buffers["values"].dtype == torch.int32 and p.buffers["values"].numel() == 1172
+    assert p.nbytes == 3 * 512 + 3 * 4 + 1172 * 4
+    assert p.meta["nnz"] == 2500
+
+
+def test_sign_packed_stream_layout():
+    # Two tiles of 64 fp8 elements; tile 0 stores 5 values, tile 1 stores 1. Value r of a tile sits at bits
+    # [7r, 7r + 7) of the tile's words, and tile 1 starts on a fresh word.
+    raw = torch.zeros(128, dtype=torch.uint8)
+    raw[[0, 3, 9, 10, 63]] = torch.tensor([0x01, 0x7F, 0x55, 0x2A, 0x40], dtype=torch.uint8)
+    raw[64 + 7] = 0x33
+    x = raw.view(torch.float8_e4m3fn)
+    p = SparseCodec(tile_size=64, sign_pack=True).encode(x)
+    stream0 = 0x01 | 0x7F << 7 | 0x55 << 14 | 0x2A << 21 | 0x40 << 28  # 35 bits: two words
+    words = [stream0 & 0xFFFFFFFF, stream0 >> 32, 0x33]
+    assert p.buffers["values"].tolist() == [w - (1 << 32) if w >= 1 << 31 else w for w in words]
+    assert p.buffers["tile_offsets"].tolist() == [0, 2]
+    assert_bit_equal(SparseCodec(tile_size=64, sign_pack=True).decode(p), x)
+
+
+def test_sign_packed_tiles_decode_alone():
+    g = torch.Generator().manual_seed(4)
+    x = random_tensor((1000,), torch.bfloat16, 0.3, g, signed=False)
+    p = SparseCodec(tile_size=64, sign_pack=True).encode(x)
+    mask = actzip.codecs.bitpack.unpack_bool(p.buffers["mask"])
+    words = p.buffers["values"]
+    offsets = p.buffers["tile_offsets"].tolist() + [words.numel()]
+    for t in range(len(offsets) - 1):
+        m = mask[t * 64 : (t + 1) * 64]
+        stream = words[offsets[t] : offsets[t + 1]].view(torch.uint8)  # little-endian words = a byte stream
+        got = torch.zeros(64, dtype=torch.int16)
+        got[m] = actzip.codecs.bitpack.unpack_bits(stream, int(m.sum()), 15, torch.int16)
+        assert torch.equal(got[: max(0, min(64, 1000 - t * 64))], bits(x)[t * 64 : (t + 1) * 64])
 
 
 def test_tile_offsets_decode_each_tile_alone():
@@ -245,7 +299,7 @@ def test_bad_tile_size(tile):
 def test_registry_errors_list_what_fits():
     with pytest.raises(UnknownCodecError, match=r"unknown codec 'zip'.*available:.*sparse"):
         actzip.codecs.get("zip")
-    with pytest.raises(ConfigError, match=r"no option\(s\) bits.*options: tile_size, sign_pack, check"):
+    with pytest.raises(ConfigError, match=r"no option\(s\) bits.*options: tile_size, sign_pack, check, kernel"):
         actzip.codecs.get("sparse", bits=4)
     assert {"sparse", "passthrough"} <= set(actzip.codecs.available())
 
@@ -280,3 +334,92 @@ def test_cuda_round_trip_matches_cpu_payload(dtype):
     for k in pc.buffers:
         assert torch.equal(pc.buffers[k], pg.buffers[k].cpu())
     assert_bit_equal(codec.decode(pg).cpu(), x)
+
+
+# -- kernel option ---------------------------------------------------------------------------------------
+
+
+def test_kernel_option_is_checked():
+    with pytest.raises(ConfigError, match=r"kernel must be one of 'auto', 'torch', 'triton'.*'cuda'"):
+        actzip.codecs.get("sparse", kernel="cuda")
+    for tile in (8, 96, 32, 1 << 17):
+        with pytest.raises(ConfigError, match=r"kernel='triton'.*tile_size=\d+ is not a power of two from 64"):
+            actzip.codecs.get("sparse", kernel="triton", tile_size=tile)
+    assert actzip.codecs.get("sparse", kernel="torch", tile_size=8).options()["kernel"] == "torch"
+    assert actzip.codecs.get("sparse").kernel == "auto"
+
+
+def test_auto_picks_torch_on_cpu(monkeypatch):
+    from actzip.kernels import runtime
+
+    def no_triton(*args, **kwargs):
+        raise AssertionError("the Triton path was taken on a CPU tensor")
+
+    monkeypatch.setattr(SparseCodec, "_encode_triton", no_triton)
+    monkeypatch.setattr(runtime, "interpreter_enabled", lambda: True)  # even where the interpreter is on
+    before = runtime.fallback_counts()
+    x = torch.relu(torch.randn(300))
+    for sign_pack in (False, True):
+        codec = actzip.codecs.get("sparse", kernel="auto", sign_pack=sign_pack, tile_size=64)
+        assert_bit_equal(codec.decode(codec.encode(x)), x)
+    assert runtime.fallback_counts() == before  # CPU tensors are no fallback: nothing warned or counted
+
+
+def test_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
+    from actzip.kernels import runtime
+
+    monkeypatch.setattr(runtime, "interpreter_enabled", lambda: False)
+    codec = actzip.codecs.get("sparse", kernel="triton", tile_size=64)
+    on_cpu = r"the tensor is on the CPU.*TRITON_INTERPRET=1"
+    reason = on_cpu if runtime.triton_available() else r"Triton is not installed"
+    with pytest.raises(runtime.KernelUnavailableError, match=rf"sparse\(kernel='triton'\) cannot run: {reason}"):
+        codec.encode(torch.ones(10))
+    p = actzip.codecs.get("sparse", kernel="torch", tile_size=64).encode(torch.ones(10))
+    with pytest.raises(ConfigError, match="cannot run"):
+        codec.decode(p)
+
+
+def test_triton_without_triton_installed_is_a_clear_error(monkeypatch):
+    from actzip.kernels import runtime
+
+    monkeypatch.setattr(runtime, "triton_import_error", lambda: "ModuleNotFoundError: No module named 'triton'")
+    with pytest.raises(ConfigError, match=r"cannot run: Triton is not installed.*pip install 'actzip\[triton\]'"):
+        actzip.codecs.get("sparse", kernel="triton").encode(torch.ones(10))
+
+
+def test_triton_on_cpu_error_in_a_fresh_process():
+    # The real check, with no interpreter variable in the environment and nothing patched.
+    code = (
+        "import torch, actzip\n"
+        "try:\n"
+        "    actzip.codecs.get('sparse', kernel='triton').encode(torch.ones(3))\n"
+        "except actzip.core.errors.ConfigError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("KernelUnavailableError sparse(kernel='triton') cannot run: ")
+    assert ("TRITON_INTERPRET=1" in out.stdout) or ("Triton is not installed" in out.stdout)
+
+
+def test_auto_falls_back_on_cuda_without_triton_warning_once(monkeypatch):
+    # No CUDA tensor is needed: the choice is made from the device alone.
+    from actzip.kernels import runtime
+
+    monkeypatch.setattr(runtime, "triton_import_error", lambda: "ModuleNotFoundError: No module named 'triton'")
+    runtime.reset_fallbacks()
+    codec = actzip.codecs.get("sparse")
+    cuda = torch.device("cuda", 0)
+    with pytest.warns(RuntimeWarning, match=r"PyTorch implementation instead of the Triton kernels because Triton is"):
+        assert codec._use_triton(cuda, torch.bfloat16, 4096, False) is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second fallback for the same reason is counted, not warned
+        assert codec._use_triton(cuda, torch.bfloat16, 4096, False) is False
+    [(key, count)] = runtime.fallback_counts().items()
+    assert "Triton is not installed" in key and count == 2
+    runtime.reset_fallbacks()
+    assert runtime.fallback_counts() == {}
+    assert actzip.codecs.get("sparse", kernel="torch")._use_triton(cuda, torch.bfloat16, 4096, False) is False

@@ -1,8 +1,9 @@
-"""Dense bit packing in pure PyTorch: booleans to bytes, and w-bit integers to a byte stream.
+"""Dense bit packing in pure PyTorch: booleans to bytes, w-bit integers to a byte stream, and w-bit
+integers to per-tile streams of 32-bit words.
 
 Bit order is little-endian throughout: bit ``i`` of byte ``j`` is element ``8*j + i``; a w-bit value's bit
-``k`` sits at stream position ``w*index + k``. The Triton kernels use the same order, so these functions are
-their oracle.
+``k`` sits at stream position ``w*index + k``; stream bit ``p`` of a word stream is bit ``p % 32`` of word
+``p // 32``. The Triton kernels use the same order, so these functions are their oracle.
 """
 
 from __future__ import annotations
@@ -80,3 +81,117 @@ def _to_dtype_bits(v: torch.Tensor, dtype: torch.dtype, width: int) -> torch.Ten
         # Fold values >= 2**(bits-1) into the negative range, as the bit pattern would read.
         v = torch.where(v >= (1 << (bits - 1)), v - (1 << bits), v)
     return v.to(dtype)
+
+
+# -- per-tile word streams ----------------------------------------------------------------------------------
+#
+# The values of each tile are packed into their own stream of int32 words: value ``r`` of a tile occupies bits
+# ``[r*w, r*w + w)`` of that tile's stream, the stream has ``ceil(count*w / 32)`` words (pad bits zero), and
+# the tiles' streams follow each other. Every tile thus starts on a word boundary, so tiles can be packed and
+# unpacked independently (one GPU program per tile) with no two tiles writing the same word.
+
+_M32 = (1 << 32) - 1
+
+
+def tile_words(counts: torch.Tensor, width: int) -> torch.Tensor:
+    """Words of each tile's stream: ``ceil(counts * width / 32)`` (int64)."""
+    return (counts.to(torch.int64) * width + 31) // 32
+
+
+def _low_mask(width: int) -> int:
+    return (1 << width) - 1
+
+
+def _to_int32_words(w: torch.Tensor) -> torch.Tensor:
+    """int64 holding unsigned 32-bit words -> int32 with the same bits."""
+    return torch.where(w >= (1 << 31), w - (1 << 32), w).to(torch.int32)
+
+
+def pack_tile_words(
+    values: torch.Tensor, counts: torch.Tensor, width: int, total_words: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack the low ``width`` bits of ``values`` into per-tile word streams (see above).
+
+    ``values`` holds the values of all tiles, tile after tile; ``counts[k]`` is how many belong to tile ``k``
+    (``counts.sum() == values.numel()``). Returns ``(words, word_offsets)``: the int32 stream of all tiles and
+    the int64 exclusive prefix sum of the tiles' word counts. ``total_words`` (the sum of
+    :func:`tile_words`) is read from the device when not given: that is a host synchronization.
+
+    Every word is gathered from the (at most ``ceil(32 / width) + 1``) values that touch it, so no two values
+    are ever combined by a scatter: the result is deterministic on every device.
+    """
+    if not 1 <= width <= 63:
+        raise ValueError(f"width must be in 1..63, got {width}")
+    dev = values.device
+    counts = counts.to(torch.int64)
+    words = tile_words(counts, width)
+    words_incl = torch.cumsum(words, 0)
+    word_offsets = words_incl - words
+    if total_words is None:
+        total_words = int(words_incl[-1]) if words_incl.numel() else 0
+    out = torch.empty(total_words, dtype=torch.int32, device=dev)
+    nnz = values.numel()
+    if total_words == 0:
+        return out, word_offsets
+    first = torch.cumsum(counts, 0) - counts  # index in ``values`` of each tile's value 0
+    low = values.to(torch.int64) & _low_mask(width)
+    touching = -(-32 // width) + 1  # values that can share one word
+    chunk = max(1, _CHUNK // touching)
+    for start in range(0, total_words, chunk):
+        q = torch.arange(start, min(start + chunk, total_words), dtype=torch.int64, device=dev)
+        tile = torch.searchsorted(words_incl, q, right=True)
+        ql = q - word_offsets[tile]  # word index inside the tile's stream
+        r0 = (32 * ql) // width  # first value of the tile touching this word
+        acc = torch.zeros_like(q)
+        for t in range(touching):
+            r = r0 + t
+            valid = r < counts[tile]
+            g = (first[tile] + r).clamp_(max=max(nnz - 1, 0))
+            v = torch.where(valid, low[g], 0)
+            d = r * width - 32 * ql  # where the value starts, relative to the word's bit 0 (may be < 0)
+            up = (v & (_M32 >> d.clamp(0, 31))) << d.clamp(0, 31)
+            down = torch.where(d > -64, v >> (-d).clamp(0, 63), 0) & _M32
+            acc |= torch.where(d >= 0, torch.where(d < 32, up, 0), down)
+        out[start : start + q.numel()] = _to_int32_words(acc)
+    return out, word_offsets
+
+
+def unpack_tile_words(
+    words: torch.Tensor,
+    counts: torch.Tensor,
+    word_offsets: torch.Tensor,
+    width: int,
+    dtype: torch.dtype,
+    nnz: int | None = None,
+) -> torch.Tensor:
+    """Inverse of :func:`pack_tile_words`: the ``counts.sum()`` (``nnz`` if given) values, as ``dtype``.
+
+    Each value is gathered from the two (three for ``width > 33``) words it can span.
+    """
+    if not 1 <= width <= 63:
+        raise ValueError(f"width must be in 1..63, got {width}")
+    dev = words.device
+    counts = counts.to(torch.int64)
+    word_offsets = word_offsets.to(torch.int64)
+    counts_incl = torch.cumsum(counts, 0)
+    if nnz is None:
+        nnz = int(counts_incl[-1]) if counts_incl.numel() else 0
+    out = torch.empty(nnz, dtype=dtype, device=dev)
+    if nnz == 0:
+        return out
+    w64 = words.to(torch.int64) & _M32
+    last = w64.numel() - 1
+    spans = (31 + width - 1) // 32 + 1  # words one value can touch
+    for start in range(0, nnz, _CHUNK):
+        g = torch.arange(start, min(start + _CHUNK, nnz), dtype=torch.int64, device=dev)
+        tile = torch.searchsorted(counts_incl, g, right=True)
+        r = g - (counts_incl[tile] - counts[tile])
+        pos = word_offsets[tile] * 32 + r * width
+        j, o = pos >> 5, pos & 31
+        v = w64[j] >> o
+        for t in range(1, spans):
+            wt = torch.where(j + t <= last, w64[(j + t).clamp_(max=last)], 0)
+            sh = 32 * t - o  # in [1, 64]
+            v |= torch.where(sh < 64, wt << sh.clamp(max=63), 0)
+        out[start : start + g.numel()] = (v & _low_mask(width)).to(dtype)
+    return out

@@ -1,0 +1,463 @@
+"""Triton kernels for the sparse codec's format (see :mod:`actzip.codecs.sparse` for the format itself).
+
+One program per tile of ``T`` elements (``T`` a power of two, a compile-time constant). Elements are the
+tensor's raw bits in memory order, read through a same-width integer view (uint8 for fp8, int16 for
+fp16/bf16, int32 for fp32, int64 for fp64), so the kernels move bits and never do float arithmetic.
+
+Encoding is two passes over the input with a device-side scan between them, and no host synchronization
+except, optionally, to size the values buffer:
+
+1. :func:`count_kernel` writes each tile's mask bytes and its size in the values buffer (values, or int32
+   words with sign packing);
+2. ``torch.cumsum`` of the sizes gives every tile's exclusive offset (``tile_offsets``), on the device;
+3. :func:`compact_kernel` writes each tile's stored values at its offset.
+
+:func:`decompress_kernel` rebuilds the raw bits, one tile per program, through :func:`load_tile_bits`, a
+``@triton.jit`` helper that other kernels can call to read one tile of a payload without a dense copy.
+
+Python entry points: :func:`compress` (with :func:`count` and :func:`compact`, its two halves) and
+:func:`decompress`. The PyTorch codec ``actzip.codecs.get("sparse", kernel="torch")`` is the oracle: both
+make the same buffers bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from actzip.core.dtypes import bit_view_dtype
+from actzip.core.errors import ConfigError
+
+DEFAULT_TILE_SIZE = 4096
+MIN_TILE_SIZE = 64
+MAX_TILE_SIZE = 1 << 16
+
+# Integer view dtype -> bits per element.
+_NBITS = {torch.uint8: 8, torch.int16: 16, torch.int32: 32, torch.int64: 64}
+_TL_DTYPE = {torch.uint8: tl.uint8, torch.int16: tl.int16, torch.int32: tl.int32, torch.int64: tl.int64}
+
+
+# -- device code ------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def count_kernel(
+    bits_ptr,
+    mask_ptr,
+    sizes_ptr,
+    nvals_ptr,
+    nsign_ptr,
+    n,
+    T: tl.constexpr,
+    NBITS: tl.constexpr,
+    WIDTH: tl.constexpr,
+    SIGN_PACK: tl.constexpr,
+):
+    """Pass 1: mask bytes and stored size of one tile.
+
+    Oracle: ``pack_bool`` of the padded ``bits != 0`` flags (``mask``) and the per-tile counts of
+    ``SparseCodec.encode`` (``sizes``: values per tile, or with ``SIGN_PACK`` words per tile,
+    ``ceil(count * WIDTH / 32)``). With ``SIGN_PACK`` it also writes the tile's value count (``nvals``) and how
+    many of its elements have the sign bit set (``nsign``), so the caller can refuse a negative input.
+    The tile is read as ``[T // 8, 8]``: row ``a`` holds the 8 elements of mask byte ``a``.
+    """
+    tile = tl.program_id(0)
+    rows = tl.arange(0, T // 8)
+    cols = tl.arange(0, 8)
+    offs = tile.to(tl.int64) * T + rows[:, None] * 8 + cols[None, :]
+    x = tl.load(bits_ptr + offs, mask=offs < n, other=0)
+    f = (x != 0).to(tl.int32)
+    byte = tl.sum(f << cols[None, :], axis=1)
+    tl.store(mask_ptr + tile.to(tl.int64) * (T // 8) + rows, byte.to(tl.uint8))
+    count = tl.sum(tl.sum(f, axis=1), axis=0)
+    if SIGN_PACK:
+        tl.store(sizes_ptr + tile, (count * WIDTH + 31) // 32)
+        tl.store(nvals_ptr + tile, count)
+        neg = ((x >> (NBITS - 1)) & 1).to(tl.int32)
+        tl.store(nsign_ptr + tile, tl.sum(tl.sum(neg, axis=1), axis=0))
+    else:
+        tl.store(sizes_ptr + tile, count)
+
+
+@triton.jit
+def _window_combine(len_a, win_a, len_b, win_b):
+    # Concatenate bit stream a then bit stream b and keep the last 64 bits of the result, the newest bit in
+    # bit 63 (the window of a stream shorter than 64 bits has zeros below it). Associative: it is
+    # concatenation followed by truncation.
+    kept = tl.where(len_b >= 64, tl.zeros_like(win_a), win_a >> tl.minimum(len_b, 63).to(tl.uint64))
+    return len_a + len_b, kept | win_b
+
+
+@triton.jit
+def compact_kernel(
+    bits_ptr,
+    tile_offsets_ptr,
+    values_ptr,
+    values_base_ptr,
+    n,
+    T: tl.constexpr,
+    WIDTH: tl.constexpr,
+    SIGN_PACK: tl.constexpr,
+):
+    """Pass 2: the stored values of one tile, written at ``values_base + tile_offsets[tile]``.
+
+    Oracle: ``SparseCodec.encode``'s ``values`` (``masked_select``; with ``SIGN_PACK``, ``pack_tile_words``).
+    The rank of a stored element inside its tile is the exclusive ``tl.cumsum`` of the flags.
+
+    Without ``SIGN_PACK`` each value goes to ``values[base + offset + rank]``.
+
+    With ``SIGN_PACK`` value ``rank`` occupies bits ``[rank*WIDTH, rank*WIDTH + WIDTH)`` of the tile's word
+    stream, so up to ``ceil(32 / WIDTH) + 1`` values share a word. Rather than OR-ing them into a zeroed buffer
+    with atomics, every word gets exactly one plain store, from the value holding the word's last bit (or, for
+    a tile's final partial word, from the tile's last value). That value knows the whole word because a scan
+    (``tl.associative_scan`` of :func:`_window_combine`) gives each element the last 64 bits of the tile's
+    stream up to and including its own value; a word spans at most 32 + WIDTH - 1 <= 62 of those bits. So the
+    kernel needs no zeroed buffer (it can write into a preallocated arena as is), makes no atomic traffic, and
+    no word has two writers: the result is race-free and deterministic. This needs WIDTH <= 31 (fp8, fp16,
+    bf16, fp32); fp64 with sign packing stays on the PyTorch path.
+    """
+    tile = tl.program_id(0)
+    idx = tl.arange(0, T)
+    offs = tile.to(tl.int64) * T + idx
+    x = tl.load(bits_ptr + offs, mask=offs < n, other=0)
+    stored = x != 0
+    f = stored.to(tl.int32)
+    incl = tl.cumsum(f, axis=0)
+    rank = incl - f
+    base = tl.load(values_base_ptr) + tl.load(tile_offsets_ptr + tile).to(tl.int64)
+    if SIGN_PACK:
+        v = (x & ((1 << WIDTH) - 1)).to(tl.uint64)
+        win = tl.where(stored, v << (64 - WIDTH), tl.zeros_like(v))
+        end, win = tl.associative_scan((f * WIDTH, win), 0, _window_combine)
+        # The word holding this value's last bit completes here if the value crosses or reaches a word end.
+        q = (end >> 5) - 1
+        done = stored & ((end >> 5) > ((end - WIDTH) >> 5))
+        shift = tl.minimum(tl.maximum(64 - (end - 32 * q), 0), 63).to(tl.uint64)
+        word = (win >> shift).to(tl.uint32).to(tl.int32, bitcast=True)
+        tl.store(values_ptr + base + q, word, mask=done)
+        # The tile's last value also writes the final, partial word of the stream (zero pad bits above).
+        count = tl.sum(f, axis=0)
+        tail = end & 31
+        last = stored & (rank == count - 1) & (tail != 0)
+        shift = tl.minimum(64 - tail, 63).to(tl.uint64)
+        word = (win >> shift).to(tl.uint32).to(tl.int32, bitcast=True)
+        tl.store(values_ptr + base + (end >> 5), word, mask=last)
+    else:
+        tl.store(values_ptr + base + rank, x, mask=stored)
+
+
+@triton.jit
+def _load_tile_bits_2d(
+    mask_ptr,
+    tile_offsets_ptr,
+    values_ptr,
+    values_base,
+    tile,
+    T: tl.constexpr,
+    WIDTH: tl.constexpr,
+    SIGN_PACK: tl.constexpr,
+    BITS_DTYPE: tl.constexpr,
+):
+    # load_tile_bits on a [T // 8, 8] block (element 8*a + b at [a, b]): the layout of the mask bytes, so
+    # the ranks come from one scan over T // 8 byte counts plus a scan across 8 lanes.
+    rows = tl.arange(0, T // 8)
+    cols = tl.arange(0, 8)
+    byte = tl.load(mask_ptr + tile.to(tl.int64) * (T // 8) + rows).to(tl.int32)
+    f = (byte[:, None] >> cols[None, :]) & 1
+    stored = f != 0
+    per_byte = tl.sum(f, axis=1)
+    rank = (tl.cumsum(per_byte, axis=0) - per_byte)[:, None] + (tl.cumsum(f, axis=1) - f)
+    base = values_base + tl.load(tile_offsets_ptr + tile).to(tl.int64)
+    if SIGN_PACK:
+        start = rank * WIDTH
+        j = start >> 5
+        o = start & 31
+        w0 = tl.load(values_ptr + base + j, mask=stored, other=0)
+        w1 = tl.load(values_ptr + base + j + 1, mask=stored & (o + WIDTH > 32), other=0)
+        w0 = w0.to(tl.uint32, bitcast=True).to(tl.uint64)
+        w1 = w1.to(tl.uint32, bitcast=True).to(tl.uint64)
+        v = ((w0 | (w1 << 32)) >> o.to(tl.uint64)) & ((1 << WIDTH) - 1)
+        bits = v.to(BITS_DTYPE)
+    else:
+        bits = tl.load(values_ptr + base + rank, mask=stored, other=0).to(BITS_DTYPE)
+    return bits, stored
+
+
+@triton.jit
+def load_tile_bits(
+    mask_ptr,
+    tile_offsets_ptr,
+    values_ptr,
+    values_base,
+    tile,
+    T: tl.constexpr,
+    WIDTH: tl.constexpr,
+    SIGN_PACK: tl.constexpr,
+    BITS_DTYPE: tl.constexpr,
+):
+    """Decode one tile of a sparse payload in registers: ``(bits, stored)``, both of shape ``[T]``.
+
+    For use inside other ``@triton.jit`` kernels (fused consumers read a payload tile without a dense copy).
+
+    Arguments:
+      mask_ptr: uint8 pointer to the payload's ``mask`` (``T // 8`` bytes per tile).
+      tile_offsets_ptr: int32 pointer to the payload's ``tile_offsets``.
+      values_ptr: pointer to the payload's ``values``: the bit-view integer dtype, or int32 words with
+        ``SIGN_PACK``.
+      values_base: int64 scalar added to every tile offset (0 for a payload's own buffer; the payload's start
+        when ``values_ptr`` points into a shared arena).
+      tile: the tile's index.
+      T: tile size, a power of two >= 64 (constexpr).
+      WIDTH: bits stored per value (constexpr): the element's bit width, one less with ``SIGN_PACK``
+        (must then be <= 31).
+      SIGN_PACK: whether values are sign-packed into words (constexpr).
+      BITS_DTYPE: the integer view dtype to return, e.g. ``tl.int16`` for bf16 (constexpr).
+
+    Returns ``bits`` (``BITS_DTYPE``: element ``i`` of the tile's raw bits, zero where not stored, the sign
+    bit 0 with ``SIGN_PACK``) and ``stored`` (int1: the mask bit of element ``i``). Elements past the tensor's
+    end decode as not stored; the caller masks its stores with its own bound. Bitcast ``bits`` to the float
+    dtype (``bits.to(tl.bfloat16, bitcast=True)``) to compute with it. Oracle: ``SparseCodec.decode``.
+    """
+    bits, stored = _load_tile_bits_2d(
+        mask_ptr, tile_offsets_ptr, values_ptr, values_base, tile, T, WIDTH, SIGN_PACK, BITS_DTYPE
+    )
+    return tl.reshape(bits, (T,)), tl.reshape(stored, (T,))
+
+
+@triton.jit
+def decompress_kernel(
+    mask_ptr,
+    tile_offsets_ptr,
+    values_ptr,
+    values_base_ptr,
+    out_ptr,
+    n,
+    T: tl.constexpr,
+    WIDTH: tl.constexpr,
+    SIGN_PACK: tl.constexpr,
+):
+    """Decode one tile into ``out`` (the raw bits, elements ``< n`` only). Oracle: ``SparseCodec.decode``."""
+    tile = tl.program_id(0)
+    bits, stored = _load_tile_bits_2d(
+        mask_ptr,
+        tile_offsets_ptr,
+        values_ptr,
+        tl.load(values_base_ptr),
+        tile,
+        T,
+        WIDTH,
+        SIGN_PACK,
+        out_ptr.dtype.element_ty,
+    )
+    offs = tile.to(tl.int64) * T + tl.arange(0, T // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    tl.store(out_ptr + offs, bits, mask=offs < n)
+
+
+# Triton picks between compiling and interpreting when a kernel is defined (TRITON_INTERPRET=1).
+INTERPRETED = type(count_kernel).__name__ == "InterpretedFunction"
+
+
+# -- host code --------------------------------------------------------------------------------------------
+
+
+def check_tile_size(tile_size: int) -> int:
+    """Raise :class:`ConfigError` unless ``tile_size`` suits the kernels: a power of two in [64, 65536]."""
+    ok = isinstance(tile_size, int) and MIN_TILE_SIZE <= tile_size <= MAX_TILE_SIZE
+    if not ok or tile_size & (tile_size - 1):
+        raise ConfigError(
+            f"sparse Triton kernels: tile_size must be a power of two from {MIN_TILE_SIZE} to {MAX_TILE_SIZE}, "
+            f"got {tile_size!r}"
+        )
+    return tile_size
+
+
+def _bits_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in _NBITS else bit_view_dtype(dtype)
+
+
+def _width(bits_dtype: torch.dtype, sign_pack: bool) -> int:
+    nbits = _NBITS[bits_dtype]
+    if sign_pack and nbits > 32:
+        raise ConfigError(
+            "sparse Triton kernels: sign packing of 64-bit elements is not implemented (use kernel='torch')"
+        )
+    return nbits - 1 if sign_pack else nbits
+
+
+def _num_warps(tile_size: int) -> int:
+    # Measured on an H200 (64M elements, bf16/fp8/fp32): 4 warps are best or within noise from 1024 to 4096
+    # elements a tile; with 2 warps the sign-packing scan of a 4096-element tile ran 10x slower.
+    return 8 if tile_size > 4096 else max(1, min(4, tile_size // 256))
+
+
+def _base(values_offset: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    if values_offset is None:
+        return torch.zeros(1, dtype=torch.int64, device=device)
+    if values_offset.dtype != torch.int64 or values_offset.numel() != 1 or values_offset.device != device:
+        raise ConfigError(
+            f"values_offset must be a one-element int64 tensor on {device}, got {values_offset.dtype} "
+            f"of {values_offset.numel()} elements on {values_offset.device}"
+        )
+    return values_offset
+
+
+def _check_bits(bits: torch.Tensor, n: int) -> torch.Tensor:
+    if bits.dtype not in _NBITS:
+        bits = bits.view(bit_view_dtype(bits.dtype))
+    if bits.dim() != 1 or not bits.is_contiguous() or bits.numel() < n:
+        raise ConfigError(
+            f"sparse Triton kernels: the input must be a contiguous 1-D tensor of at least n={n} elements, got "
+            f"shape {tuple(bits.shape)}{'' if bits.is_contiguous() else ' (not contiguous)'}"
+        )
+    return bits
+
+
+class TileCounts(NamedTuple):
+    """Pass 1 and the scan: everything but the values (all tensors on the input's device)."""
+
+    mask: torch.Tensor  # uint8 [n_tiles * T / 8]: the payload's mask
+    sizes: torch.Tensor  # int32 [n_tiles]: values per tile (int32 words with sign packing)
+    tile_offsets: torch.Tensor  # int32 [n_tiles]: exclusive prefix sum of sizes (the payload's tile_offsets)
+    total: torch.Tensor  # int64 [1]: sum of sizes, the values buffer's length
+    nnz: torch.Tensor  # int64 [1]: stored elements
+    sign_set: torch.Tensor | None  # int64 [1]: elements with the sign bit set (sign packing only), else None
+
+
+class Compressed(NamedTuple):
+    """The sparse payload's buffers, plus device-side counts."""
+
+    mask: torch.Tensor  # uint8
+    tile_offsets: torch.Tensor  # int32, relative to the start of this payload's values
+    values: torch.Tensor  # the values buffer (bit-view dtype, or int32 words with sign packing)
+    total: torch.Tensor  # int64 [1]: elements of ``values`` this payload uses
+    nnz: torch.Tensor  # int64 [1]: stored elements
+    sign_set: torch.Tensor | None  # int64 [1]: elements with the sign bit set (sign packing only)
+
+
+def count(bits: torch.Tensor, n: int, tile_size: int = DEFAULT_TILE_SIZE, sign_pack: bool = False) -> TileCounts:
+    """Pass 1 (:func:`count_kernel`) and the device-side scan. No host synchronization.
+
+    ``bits``: the first ``n`` elements of a contiguous 1-D tensor, in an integer view dtype (uint8, int16,
+    int32, int64) or a float dtype (viewed as its integer dtype).
+    """
+    check_tile_size(tile_size)
+    bits = _check_bits(bits, n)
+    width = _width(bits.dtype, sign_pack)
+    dev = bits.device
+    n_tiles = -(-n // tile_size)
+    mask = torch.empty(n_tiles * tile_size // 8, dtype=torch.uint8, device=dev)
+    sizes = torch.empty(n_tiles, dtype=torch.int32, device=dev)
+    nvals = torch.empty(n_tiles, dtype=torch.int32, device=dev) if sign_pack else sizes
+    nsign = torch.empty(n_tiles, dtype=torch.int32, device=dev) if sign_pack else sizes
+    if n_tiles:
+        count_kernel[(n_tiles,)](
+            bits, mask, sizes, nvals, nsign, n,
+            T=tile_size, NBITS=_NBITS[bits.dtype], WIDTH=width, SIGN_PACK=sign_pack,
+            num_warps=_num_warps(tile_size),
+        )  # fmt: skip
+    incl = torch.cumsum(sizes, 0, dtype=torch.int64)
+    tile_offsets = (incl - sizes).to(torch.int32)
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
+    total = incl[-1:] if n_tiles else zero
+    if sign_pack:
+        nnz = nvals.sum(dtype=torch.int64).reshape(1)
+        sign_set = nsign.sum(dtype=torch.int64).reshape(1)
+    else:
+        nnz, sign_set = total, None
+    return TileCounts(mask, sizes, tile_offsets, total, nnz, sign_set)
+
+
+def compact(
+    bits: torch.Tensor,
+    n: int,
+    counts: TileCounts,
+    values: torch.Tensor,
+    tile_size: int = DEFAULT_TILE_SIZE,
+    sign_pack: bool = False,
+    values_offset: torch.Tensor | None = None,
+) -> None:
+    """Pass 2 (:func:`compact_kernel`): write the stored values into ``values``. No host synchronization.
+
+    ``values`` must hold ``values_offset + counts.total`` elements (not checked: that would synchronize); it
+    needs no zeroing. ``values_offset`` (one-element int64 tensor on the device, default 0) is where this
+    payload's values start in ``values``.
+    """
+    check_tile_size(tile_size)
+    bits = _check_bits(bits, n)
+    width = _width(bits.dtype, sign_pack)
+    want = torch.int32 if sign_pack else bits.dtype
+    if values.dtype != want or values.device != bits.device:
+        raise ConfigError(f"values must be a {want} tensor on {bits.device}, got {values.dtype} on {values.device}")
+    n_tiles = counts.sizes.numel()
+    if n_tiles:
+        compact_kernel[(n_tiles,)](
+            bits, counts.tile_offsets, values, _base(values_offset, bits.device), n,
+            T=tile_size, WIDTH=width, SIGN_PACK=sign_pack, num_warps=_num_warps(tile_size),
+        )  # fmt: skip
+
+
+def compress(
+    bits: torch.Tensor,
+    n: int,
+    tile_size: int = DEFAULT_TILE_SIZE,
+    sign_pack: bool = False,
+    values: torch.Tensor | None = None,
+    values_offset: torch.Tensor | None = None,
+) -> Compressed:
+    """Encode the first ``n`` elements of ``bits`` (contiguous 1-D; see :func:`count`) in the sparse format.
+
+    With ``values=None`` the values buffer is allocated here, which needs its length on the host: that is the
+    one host synchronization (one ``.item()``). Pass a preallocated ``values`` buffer (the bit-view dtype, or
+    int32 with ``sign_pack``; no zeroing needed) and optionally ``values_offset``, a one-element int64 tensor
+    on the device saying where this payload starts in it, to encode with no synchronization at all; the
+    returned ``total`` (on the device) says how many elements were used. The sign bit is dropped with
+    ``sign_pack`` whether set or not: ``sign_set`` counts the elements that had it.
+    """
+    c = count(bits, n, tile_size, sign_pack)
+    if values is None:
+        dtype = torch.int32 if sign_pack else _check_bits(bits, n).dtype
+        values = torch.empty(int(c.total.item()), dtype=dtype, device=bits.device)
+    compact(bits, n, c, values, tile_size, sign_pack, values_offset)
+    return Compressed(c.mask, c.tile_offsets, values, c.total, c.nnz, c.sign_set)
+
+
+def decompress(
+    mask: torch.Tensor,
+    tile_offsets: torch.Tensor,
+    values: torch.Tensor,
+    n: int,
+    dtype: torch.dtype,
+    tile_size: int = DEFAULT_TILE_SIZE,
+    sign_pack: bool = False,
+    out: torch.Tensor | None = None,
+    values_offset: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode ``n`` elements from sparse buffers into the raw bits (1-D, the integer view of ``dtype``).
+
+    ``dtype``: the encoded tensor's dtype or its integer view. ``out``: optional contiguous 1-D buffer of at
+    least ``n`` elements of that integer dtype. ``values_offset``: as in :func:`compress`. No host
+    synchronization.
+    """
+    check_tile_size(tile_size)
+    bits_dtype = _bits_dtype(dtype)
+    width = _width(bits_dtype, sign_pack)
+    dev = mask.device
+    if out is None:
+        out = torch.empty(n, dtype=bits_dtype, device=dev)
+    elif out.dtype != bits_dtype or out.dim() != 1 or not out.is_contiguous() or out.numel() < n:
+        raise ConfigError(f"out must be a contiguous 1-D {bits_dtype} tensor of at least {n} elements")
+    n_tiles = -(-n // tile_size)
+    if mask.numel() < n_tiles * tile_size // 8 or tile_offsets.numel() < n_tiles:
+        raise ConfigError(
+            f"sparse buffers too small for {n} elements in tiles of {tile_size}: mask has {mask.numel()} bytes, "
+            f"tile_offsets {tile_offsets.numel()} entries"
+        )
+    if n_tiles:
+        decompress_kernel[(n_tiles,)](
+            mask, tile_offsets, values, _base(values_offset, dev), out, n,
+            T=tile_size, WIDTH=width, SIGN_PACK=sign_pack, num_warps=_num_warps(tile_size),
+        )  # fmt: skip
+    return out
