@@ -414,12 +414,12 @@ def test_auto_falls_back_on_cuda_without_triton_warning_once(monkeypatch):
     codec = actzip.codecs.get("sparse")
     cuda = torch.device("cuda", 0)
     with pytest.warns(RuntimeWarning, match=r"PyTorch implementation instead of the Triton kernels because Triton is"):
-        assert codec._use_triton(cuda, torch.bfloat16, 4096, False) is False
+        assert codec.uses_triton(cuda, torch.bfloat16, 4096, False) is False
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second fallback for the same reason is counted, not warned
-        assert codec._use_triton(cuda, torch.bfloat16, 4096, False) is False
+        assert codec.uses_triton(cuda, torch.bfloat16, 4096, False) is False
     [(key, count)] = runtime.fallback_counts().items()
     assert "Triton is not installed" in key and count == 2
     runtime.reset_fallbacks()
     assert runtime.fallback_counts() == {}
-    assert actzip.codecs.get("sparse", kernel="torch")._use_triton(cuda, torch.bfloat16, 4096, False) is False
+    assert actzip.codecs.get("sparse", kernel="torch").uses_triton(cuda, torch.bfloat16, 4096, False) is False

@@ -154,7 +154,8 @@ class SparseCodec(Codec):
 
     # -- which implementation --------------------------------------------------------------------------
 
-    def _use_triton(self, device: torch.device, dtype: torch.dtype, tile_size: int, sign_pack: bool) -> bool:
+    def uses_triton(self, device: torch.device, dtype: torch.dtype, tile_size: int, sign_pack: bool) -> bool:
+        """Whether this codec runs its Triton kernels for such a tensor (announces a fallback once)."""
         if self.kernel == "torch":
             return False
         if self.kernel == "auto" and device.type != "cuda":
@@ -178,7 +179,7 @@ class SparseCodec(Codec):
         x = x.detach()
         flat, perm = memory_order(x)
         bits = flat.view(bit_view_dtype(x.dtype))
-        if self._use_triton(x.device, x.dtype, self.tile_size, self.sign_pack):
+        if self.uses_triton(x.device, x.dtype, self.tile_size, self.sign_pack):
             buffers, nnz = self._encode_triton(bits, name)
         else:
             buffers, nnz = self._encode_torch(bits, name)
@@ -240,7 +241,7 @@ class SparseCodec(Codec):
         p = self._own(payload)
         n = p.shape.numel()
         tile_size, sign_pack = p.meta["tile_size"], p.meta["sign_pack"]
-        if self._use_triton(p.device, p.dtype, tile_size, sign_pack):
+        if self.uses_triton(p.device, p.dtype, tile_size, sign_pack):
             from actzip.kernels import sparse_triton
 
             b = p.buffers

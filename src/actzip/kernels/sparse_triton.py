@@ -97,12 +97,16 @@ def compact_kernel(
     tile_offsets_ptr,
     values_ptr,
     values_base_ptr,
+    ok_ptr,
     n,
     T: tl.constexpr,
     WIDTH: tl.constexpr,
     SIGN_PACK: tl.constexpr,
+    HAS_OK: tl.constexpr,
 ):
     """Pass 2: the stored values of one tile, written at ``values_base + tile_offsets[tile]``.
+
+    With ``HAS_OK``, nothing is written unless ``*ok_ptr`` is true (an arena refused the reservation).
 
     Oracle: ``SparseCodec.encode``'s ``values`` (``masked_select``; with ``SIGN_PACK``, ``pack_tile_words``).
     The rank of a stored element inside its tile is the exclusive ``tl.cumsum`` of the flags.
@@ -122,6 +126,8 @@ def compact_kernel(
     tile = tl.program_id(0)
     idx = tl.arange(0, T)
     offs = tile.to(tl.int64) * T + idx
+    if HAS_OK:
+        n = tl.where(tl.load(ok_ptr) != 0, n, 0)  # refused: read nothing, so nothing is stored
     x = tl.load(bits_ptr + offs, mask=offs < n, other=0)
     stored = x != 0
     f = stored.to(tl.int32)
@@ -378,12 +384,13 @@ def compact(
     tile_size: int = DEFAULT_TILE_SIZE,
     sign_pack: bool = False,
     values_offset: torch.Tensor | None = None,
+    ok: torch.Tensor | None = None,
 ) -> None:
     """Pass 2 (:func:`compact_kernel`): write the stored values into ``values``. No host synchronization.
 
     ``values`` must hold ``values_offset + counts.total`` elements (not checked: that would synchronize); it
     needs no zeroing. ``values_offset`` (one-element int64 tensor on the device, default 0) is where this
-    payload's values start in ``values``.
+    payload's values start in ``values``. ``ok`` (one-element bool tensor on the device): write only if true.
     """
     check_tile_size(tile_size)
     bits = _check_bits(bits, n)
@@ -393,9 +400,11 @@ def compact(
         raise ConfigError(f"values must be a {want} tensor on {bits.device}, got {values.dtype} on {values.device}")
     n_tiles = counts.sizes.numel()
     if n_tiles:
+        # An int32 flag: bool pointers are not loadable everywhere (Triton's interpreter refuses them as masks).
+        okp = ok.to(torch.int32) if ok is not None else counts.tile_offsets  # unused without HAS_OK
         compact_kernel[(n_tiles,)](
-            bits, counts.tile_offsets, values, _base(values_offset, bits.device), n,
-            T=tile_size, WIDTH=width, SIGN_PACK=sign_pack, num_warps=_num_warps(tile_size),
+            bits, counts.tile_offsets, values, _base(values_offset, bits.device), okp, n,
+            T=tile_size, WIDTH=width, SIGN_PACK=sign_pack, HAS_OK=ok is not None, num_warps=_num_warps(tile_size),
         )  # fmt: skip
 
 

@@ -20,17 +20,38 @@ class StepAccount:
     they are not activations and storing them costs nothing extra.
     """
 
-    by_rule: dict[str, RuleStats] = field(default_factory=dict)
+    _by_rule: dict[str, RuleStats] = field(default_factory=dict)
     duplicates: int = 0  # saves answered by an already stored tensor
     duplicate_bytes: int = 0  # dense bytes those saves would have taken again
+    # Stored sizes known only on the device (arena payloads), summed when the account is first read.
+    _deferred: dict[str, list] = field(default_factory=dict, repr=False)
 
-    def add(self, rule: str, dense_bytes: int, stored_bytes: int) -> None:
-        s = self.by_rule.setdefault(rule, RuleStats())
+    def add(self, rule: str, dense_bytes: int, stored_bytes) -> None:
+        """Account one tensor. ``stored_bytes`` may be a one-element device tensor: it is read (a host
+        synchronization) only when the account is read, never while the step runs."""
+        s = self._by_rule.setdefault(rule, RuleStats())
         s.tensors += 1
         s.dense_bytes += dense_bytes
-        s.stored_bytes += stored_bytes
+        if isinstance(stored_bytes, int):
+            s.stored_bytes += stored_bytes
+        else:
+            self._deferred.setdefault(rule, []).append(stored_bytes)
+
+    def _settle(self) -> None:
+        import torch
+
+        for rule, parts in self._deferred.items():
+            self._by_rule[rule].stored_bytes += int(torch.stack([p.reshape(()) for p in parts]).sum())
+        self._deferred.clear()
+
+    @property
+    def by_rule(self) -> dict[str, RuleStats]:
+        """Stats per rule name (reading it settles device-side sizes: a host synchronization)."""
+        self._settle()
+        return self._by_rule
 
     def _activation_rules(self):
+        self._settle()
         return (s for name, s in self.by_rule.items() if name != "leaf")
 
     @property
@@ -48,6 +69,7 @@ class StepAccount:
         return self.bytes_before / self.bytes_after if self.bytes_after else 1.0
 
     def as_dict(self) -> dict:
+        self._settle()
         return {
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,
@@ -60,6 +82,7 @@ class StepAccount:
         """A rich Table of this account."""
         from rich.table import Table
 
+        self._settle()
         t = Table(title=title)
         for col in ("rule", "tensors", "before", "after", "ratio"):
             t.add_column(col, justify="left" if col == "rule" else "right")

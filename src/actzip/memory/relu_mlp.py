@@ -17,15 +17,19 @@ Never stores both pre- and post-activation (as some fused ReLU² MLPs do): that 
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
 from actzip.codecs.base import Codec
+from actzip.codecs.sparse import SparseCodec
+from actzip.core.dtypes import bit_view_dtype
 from actzip.core import registry
 from actzip.core.errors import ConfigError
 from actzip.core.payload import Payload
+from actzip.memory.arena import Arena
 from actzip.memory.saved import current_cache, record_external
 
 
@@ -36,45 +40,172 @@ def _sparse_codec(codec: Codec | None) -> Codec:
     return codec
 
 
-# -- what backward rebuilds from the payload (PyTorch reference; kernels may replace them) ------------------
+# -- what backward rebuilds from the payload ----------------------------------------------------------------
+# The PyTorch expressions below are the oracles; on CUDA (or Triton's interpreter) the kernels of
+# actzip.kernels.relu_mlp_triton compute the same bits straight from the payload.
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _use_kernels(payload: Payload, codec: Codec) -> bool:
+    if payload.meta.get("values_buffer") is not None:
+        return True  # arena payloads exist only on the kernel path
+    return (
+        isinstance(codec, SparseCodec)
+        and payload.dtype in _KERNEL_DTYPES
+        and payload.meta.get("perm") is None
+        and codec.uses_triton(payload.device, payload.dtype, payload.meta["tile_size"], payload.meta["sign_pack"])
+    )
+
+
+def _kernel_args(payload: Payload) -> dict:
+    b, m = payload.buffers, payload.meta
+    values = m["values_buffer"] if m.get("values_buffer") is not None else b["values"]
+    dtype = torch.int32 if m["sign_pack"] else bit_view_dtype(payload.dtype)
+    return dict(mask=b["mask"], tile_offsets=b["tile_offsets"], values=values.view(dtype), dtype=payload.dtype,
+                tile_size=m["tile_size"], sign_pack=m["sign_pack"], values_offset=m.get("values_offset"))
 
 
 def activation_from_payload(payload: Payload, codec: Codec, square: bool) -> torch.Tensor:
     """``relu(h)`` (or ``relu(h)²``) rebuilt from the payload of ``relu(h)``, bit for bit."""
+    if _use_kernels(payload, codec):
+        from actzip.kernels import relu_mlp_triton
+
+        return relu_mlp_triton.activation(shape=payload.shape, square=square, **_kernel_args(payload))
     r = codec.decode(payload)
     return r.square() if square else r
 
 
-def relu_grad_from_payload(grad: torch.Tensor, payload: Payload, codec: Codec, square: bool) -> torch.Tensor:
+def relu_grad_dense(grad: torch.Tensor, r: torch.Tensor, square: bool) -> torch.Tensor:
     """Gradient w.r.t. the pre-activation, exactly as autograd computes it for ``relu`` / ``relu(h).square()``."""
-    r = codec.decode(payload)
     if square:
         grad = grad * (2.0 * r)  # pow_backward for exponent 2: grad * (2 * r**1)
     return torch.ops.aten.threshold_backward(grad, r, 0)
+
+
+def relu_grad_from_payload(grad: torch.Tensor, payload: Payload, codec: Codec, square: bool) -> torch.Tensor:
+    """:func:`relu_grad_dense` with ``r`` read from the payload (no dense ``r`` on the kernel path)."""
+    if _use_kernels(payload, codec) and grad.dtype == payload.dtype:
+        from actzip.kernels import relu_mlp_triton
+
+        return relu_mlp_triton.relu_grad(grad, square=square, **_kernel_args(payload)).view(grad.shape)
+    return relu_grad_dense(grad, codec.decode(payload), square)
+
+
+def encode_into_arena(r: torch.Tensor, codec: "SparseCodec", arena: Arena) -> tuple[Payload, torch.Tensor]:
+    """Encode ``r`` with its values in ``arena``, without a host synchronization.
+
+    Returns the payload and its stored size in bytes as a device tensor. The payload's ``reservation`` says
+    (from backward on) whether the arena had room; if not, nothing was written and the caller recomputes.
+    """
+    from actzip.kernels import sparse_triton
+
+    r = r.contiguous()
+    bits = r.view(-1).view(bit_view_dtype(r.dtype))
+    n, tile, sign_pack = bits.numel(), codec.tile_size, codec.sign_pack
+    c = sparse_triton.count(bits, n, tile, sign_pack)
+    elem = 4 if sign_pack else bits.element_size()
+    res = arena.reserve(c.total * elem)
+    start = res.start // elem  # reservations are 16-byte aligned: a whole number of elements
+    buffer = arena.buffer
+    values = buffer.view(torch.int32 if sign_pack else bits.dtype)
+    sparse_triton.compact(bits, n, c, values, tile, sign_pack, values_offset=start, ok=res.ok)
+    meta = {"nnz": None, "perm": None, "tile_size": tile, "sign_pack": sign_pack, "values_buffer": buffer,
+            "values_offset": start, "reservation": res}
+    payload = Payload(codec.name, r.shape, r.dtype, r.device, {"mask": c.mask, "tile_offsets": c.tile_offsets}, meta)
+    stored = c.total * elem + c.mask.numel() + 4 * c.tile_offsets.numel()
+    return payload, stored
+
+
+_overflows = 0  # arena refusals met in backward (each one recomputed relu(up(x)))
+
+
+def arena_overflows() -> int:
+    """How many times backward found a payload the arena had no room for, and recomputed it."""
+    return _overflows
+
+
+def _note_overflow() -> None:
+    global _overflows
+    if _overflows == 0:
+        warnings.warn(
+            "actzip: the arena had no room for a relu payload; it is recomputed from the MLP input in backward "
+            "(exact, but a matmul more). Call arena.fit() between steps, or give the arena more capacity. "
+            "Announced once; see actzip.memory.relu_mlp.arena_overflows().",
+            stacklevel=3,
+        )
+    _overflows += 1
 
 
 class SparseReLU(torch.autograd.Function):
     """``relu(h)`` or ``relu(h)²`` that saves only the sparse payload of ``relu(h)``.
 
     The payload's buffers go through ``save_for_backward``, so autograd frees them as soon as this node's
-    backward has run, as it would free a saved tensor.
+    backward has run, as it would free a saved tensor. With an ``arena`` the values go into it without a host
+    synchronization; ``recompute()`` must then rebuild ``h`` bit for bit in case the arena had no room.
     """
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, codec: Codec, square: bool, name: str):
+    def forward(ctx, h: torch.Tensor, codec: Codec, square: bool, name: str, arena, recompute):
         r = torch.relu(h)
-        payload = codec.encode(r, name=name)
+        if arena is not None:
+            payload, stored = encode_into_arena(r, codec, arena)
+        else:
+            payload = codec.encode(r, name=name)
+            stored = payload.nbytes
         ctx.keys = tuple(payload.buffers)
         ctx.skeleton = Payload(payload.codec, payload.shape, payload.dtype, payload.device, {}, payload.meta)
         ctx.save_for_backward(*payload.buffers.values())
-        ctx.codec, ctx.square = codec, square
-        record_external("relu_mlp", r.numel() * r.element_size(), payload.nbytes)
+        ctx.codec, ctx.square, ctx.recompute = codec, square, recompute
+        record_external("relu_mlp", r.numel() * r.element_size(), stored)
         return r.square() if square else r
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        gh = relu_grad_from_payload(grad, payload_of(ctx), ctx.codec, ctx.square)
-        return gh, None, None, None
+        payload = payload_of(ctx)
+        res = payload.meta.get("reservation")
+        if res is not None and not res.fits():
+            _note_overflow()
+            gh = relu_grad_dense(grad, torch.relu(ctx.recompute()), ctx.square)
+        else:
+            gh = relu_grad_from_payload(grad, payload, ctx.codec, ctx.square)
+        return gh, None, None, None, None, None
+
+
+def _rebuild_activation(node, codec: Codec, square: bool) -> torch.Tensor:
+    payload = payload_of(node)
+    res = payload.meta.get("reservation")
+    if res is not None and not res.fits():
+        _note_overflow()
+        r = torch.relu(node.recompute())
+        return r.square() if square else r
+    return activation_from_payload(payload, codec, square)
+
+
+def _recompute_fn(module: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """Re-run ``module(x)`` later exactly as now (same autocast state), without building a graph."""
+    dev = x.device.type
+    enabled = torch.is_autocast_enabled(dev)
+    dtype = torch.get_autocast_dtype(dev) if enabled else None
+
+    def run() -> torch.Tensor:
+        with torch.no_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled):
+            return module(x)
+
+    return run
+
+
+def _check_arena(arena: Arena | None, codec: Codec) -> Arena | None:
+    if arena is None:
+        return None
+    if not isinstance(codec, SparseCodec) or codec.kernel == "torch":
+        raise ConfigError("relu MLP: an arena needs the sparse codec's Triton kernels (kernel='auto' or 'triton')")
+    if codec.sign_pack and codec.check_values:
+        raise ConfigError(
+            "relu MLP: sign packing into an arena runs unchecked (checking would synchronize): pass "
+            "check=False; ReLU outputs have no negative values (a -0.0 is then stored as +0.0)"
+        )
+    return arena
 
 
 def payload_of(node) -> Payload:
@@ -88,7 +219,7 @@ class _Rebuild:
 
     __slots__ = ("make", "size", "stride", "offset")
 
-    def __init__(self, make: Callable[[], torch.Tensor], view: torch.Tensor) -> None:
+    def __init__(self, make: Callable[[], torch.Tensor], view: torch.Tensor) -> None:  # noqa: D107
         self.make = make
         self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
 
@@ -144,10 +275,12 @@ class SparseReLUMLP(nn.Module):
         codec: Codec | None = None,
         names: tuple[str, str] = ("up", "down"),
         dropout: nn.Module | None = None,
+        arena: Arena | None = None,
     ) -> None:
         super().__init__()
         self.square = square
         self.codec = _sparse_codec(codec)
+        self.arena = _check_arena(arena, self.codec)
         self._up_name, self._down_name = names
         self.add_module(names[0], up)
         self.add_module(names[1], down)
@@ -160,11 +293,12 @@ class SparseReLUMLP(nn.Module):
             r = torch.relu(h)
             y = down(r.square() if self.square else r)
         else:
-            a = SparseReLU.apply(h, self.codec, self.square, "relu output")
+            recompute = _recompute_fn(up, x) if self.arena is not None else None
+            a = SparseReLU.apply(h, self.codec, self.square, "relu output", self.arena, recompute)
             node, codec, square = a.grad_fn, self.codec, self.square
 
             def rebuild_a() -> torch.Tensor:
-                return activation_from_payload(payload_of(node), codec, square)
+                return _rebuild_activation(node, codec, square)
 
             with _RebuildSaved([(a, rebuild_a)]):
                 y = down(a)
@@ -190,10 +324,12 @@ class SparseGatedReLUMLP(nn.Module):
         square: bool,
         codec: Codec | None = None,
         names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+        arena: Arena | None = None,
     ) -> None:
         super().__init__()
         self.square = square
         self.codec = _sparse_codec(codec)
+        self.arena = _check_arena(arena, self.codec)
         self._names = names
         for name, mod in zip(names, (gate, up, down)):
             self.add_module(name, mod)
@@ -204,11 +340,12 @@ class SparseGatedReLUMLP(nn.Module):
         if not (torch.is_grad_enabled() and g.requires_grad):
             r = torch.relu(g)
             return down((r.square() if self.square else r) * up(x))
-        a = SparseReLU.apply(g, self.codec, self.square, "relu output")
+        recompute = _recompute_fn(gate, x) if self.arena is not None else None
+        a = SparseReLU.apply(g, self.codec, self.square, "relu output", self.arena, recompute)
         node, codec, square = a.grad_fn, self.codec, self.square
 
         def rebuild_a() -> torch.Tensor:
-            return activation_from_payload(payload_of(node), codec, square)
+            return _rebuild_activation(node, codec, square)
 
         u = up(x)
         with _RebuildSaved([(a, rebuild_a)]):
