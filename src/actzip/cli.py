@@ -111,6 +111,30 @@ def _bench_bits(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_kernels(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from actzip.bench.kernels import KernelBenchConfig, run_kernels
+
+    if not torch.cuda.is_available():
+        raise ActzipError("actzip bench kernels times GPU kernels: it needs a CUDA device")
+    cfg = KernelBenchConfig(**({"numel": args.numel} if args.numel else {}))
+    console = Console()
+    record = run_kernels(cfg, torch.device("cuda"))
+    record["command"] = " ".join(["actzip", *args.argv])
+    t = Table(title=f"sparse kernels, {cfg.numel:,} elements; copy bandwidth {record['copy_bandwidth'] / 1e12:.2f} TB/s")
+    for col in ("dtype", "density", "sign", "exact", "encode ms", "enc % copy", "decode ms", "dec % copy"):
+        t.add_column(col, justify="right")
+    for r in record["runs"]:
+        t.add_row(r["dtype"], f"{r['density']:.2f}", str(r["sign_pack"]), str(r["exact"]), f"{r['encode_s'] * 1e3:.3f}",
+                  f"{r['encode_frac_copy']:.0%}", f"{r['decode_s'] * 1e3:.3f}", f"{r['decode_frac_copy']:.0%}")
+    console.print(t)
+    _write_json(record, args.json, console)
+    return 0
+
+
 def _write_json(record: dict, path: str | None, console) -> None:
     import json
     from pathlib import Path
@@ -159,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--kernel", choices=["auto", "torch", "triton"])
     f.add_argument("--rounds", type=int)
     f.add_argument("--warmup", type=int)
-    f.add_argument("--strategies", help="comma-separated subset of none,checkpoint,cache,fused,fused-signpack")
+    f.add_argument("--strategies", help="comma-separated subset of none,checkpoint,cache,fused,fused-arena,fused-arena-signpack")
     f.add_argument("--device")
     f.add_argument("--json", metavar="PATH")
     f.set_defaults(func=_bench_ffn)
@@ -171,10 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--kernel", choices=["auto", "torch", "triton"])
     gp.add_argument("--rounds", type=int)
     gp.add_argument("--warmup", type=int)
-    gp.add_argument("--strategies", help="comma-separated subset of none,checkpoint,fused,fused-signpack")
+    gp.add_argument("--strategies", help="comma-separated subset of none,checkpoint,fused,fused-arena,fused-arena-signpack")
     gp.add_argument("--device")
     gp.add_argument("--json", metavar="PATH")
     gp.set_defaults(func=_bench_gpt)
+    kb = bsub.add_parser("kernels", help="sparse-codec kernel throughput vs the measured copy bandwidth (CUDA)")
+    kb.add_argument("--numel", type=int, help="elements per tensor (default 2**28)")
+    kb.add_argument("--json", metavar="PATH")
+    kb.set_defaults(func=_bench_kernels)
     bb = bsub.add_parser("bits", help="codec bits per element vs the entropy bound on a trained ReLU² GPT")
     bb.add_argument("--preset")
     bb.add_argument("--steps", type=int)

@@ -8,8 +8,11 @@ Strategies (all on the same weights and input, interleaved):
 - ``none``: plain PyTorch;
 - ``checkpoint``: ``torch.utils.checkpoint`` around each block;
 - ``cache``: the whole step under :class:`actzip.memory.ActivationCache` (the generic hook-based cache);
-- ``fused``: each MLP as :class:`actzip.memory.SparseReLUMLP` (only the sparse payload of relu(h) is kept);
-- ``fused-signpack``: the same with 15-bit sign packing.
+- ``fused``: each MLP as :class:`actzip.memory.SparseReLUMLP` (only the sparse payload of relu(h) is kept),
+  each payload allocated exactly (one host synchronization per block);
+- ``fused-arena``: the same with the payloads in an :class:`actzip.memory.arena.Arena` (no synchronization;
+  sized from an untimed first step);
+- ``fused-arena-signpack``: the same with sign-bit packing (15-bit bf16).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ INPUT_MEAN = 0.5  # the benchmark input is randn + INPUT_MEAN
 # "low" density: up's weights shifted by -LOW_DENSITY_SHIFT / sqrt(d) * std. The pre-activations then move
 # by a fixed number of their own standard deviations whatever d is: about 20% stay positive.
 LOW_DENSITY_SHIFT = 1.9
-STRATEGIES = ("none", "checkpoint", "cache", "fused", "fused-signpack")
+STRATEGIES = ("none", "checkpoint", "cache", "fused", "fused-arena", "fused-arena-signpack")
 
 
 @dataclass
@@ -106,16 +109,22 @@ def measured_density(blocks: nn.ModuleList, x: torch.Tensor) -> float:
     return sum(fr) / len(fr)
 
 
-def _set_fused(blocks: nn.ModuleList, codec) -> None:
+def _set_fused(blocks: nn.ModuleList, codec, arena=None) -> None:
     for b in blocks:
-        b.fused = None if codec is None else SparseReLUMLP(b.up, b.down, square=True, codec=codec)
+        b.fused = None if codec is None else SparseReLUMLP(b.up, b.down, square=True, codec=codec, arena=arena)
 
 
 def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> dict:
-    """A step function per strategy: forward + backward, gradients dropped after."""
-    codecs = {
-        "fused": registry.get("sparse", kernel=cfg.kernel) if _has_kernel_option() else registry.get("sparse"),
-        "fused-signpack": registry.get("sparse", sign_pack=True, check=False, **({"kernel": cfg.kernel} if _has_kernel_option() else {})),
+    """A step function per strategy: forward + backward, gradients dropped after.
+
+    Arena strategies are primed here: one untimed step measures the payload bytes, then the arena is sized.
+    """
+    from actzip.memory.arena import Arena
+
+    fused = {
+        "fused": (registry.get("sparse", kernel=cfg.kernel), None),
+        "fused-arena": (registry.get("sparse", kernel=cfg.kernel), Arena(device=x.device)),
+        "fused-arena-signpack": (registry.get("sparse", kernel=cfg.kernel, sign_pack=True, check=False), Arena(device=x.device)),
     }
 
     def forward(strategy: str) -> torch.Tensor:
@@ -125,7 +134,8 @@ def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> d
         return (h - x).abs().mean()
 
     def step(strategy: str) -> None:
-        _set_fused(blocks, codecs.get(strategy))
+        codec, arena = fused.get(strategy, (None, None))
+        _set_fused(blocks, codec, arena)
         if strategy == "cache":
             with ActivationCache():
                 loss = forward(strategy)
@@ -135,16 +145,15 @@ def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> d
         for p in blocks.parameters():
             p.grad = None
         _set_fused(blocks, None)
+        if arena is not None:
+            arena.reset()
 
+    for strategy in cfg.strategies:
+        codec, arena = fused.get(strategy, (None, None))
+        if arena is not None:
+            step(strategy)
+            arena.fit()
     return {s: (lambda s=s: step(s)) for s in cfg.strategies}
-
-
-def _has_kernel_option() -> bool:
-    import inspect
-
-    from actzip.codecs.sparse import SparseCodec
-
-    return "kernel" in inspect.signature(SparseCodec.__init__).parameters
 
 
 def check_gradients(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> dict:
@@ -179,11 +188,13 @@ def result_record(cfg: FFNBenchConfig, results: dict, density: float, grad_diff:
 
 def run_ffn(cfg: FFNBenchConfig, device: torch.device, progress=None) -> dict:
     """Build the stack, check gradients once, then time every strategy interleaved."""
-    from actzip.bench.harness import machine_record, run_interleaved
+    from actzip.bench.harness import machine_record, run_interleaved, runnable_strategies
+
+    cfg, skipped = runnable_strategies(cfg, device)
 
     blocks = build_stack(cfg, device)
     x = make_input(cfg, device)
     density = measured_density(blocks, x)
     grad_diff = check_gradients(cfg, blocks, x)
     results = run_interleaved(make_steps(cfg, blocks, x), device, rounds=cfg.rounds, warmup=cfg.warmup, progress=progress)
-    return {**result_record(cfg, results, density, grad_diff), "machine": machine_record(device)}
+    return {**result_record(cfg, results, density, grad_diff), "skipped": skipped, "machine": machine_record(device)}

@@ -5,8 +5,10 @@ length with a fixed number of tokens per step. Strategies share one set of weigh
 interleaved step by step:
 - ``none``: plain PyTorch;
 - ``checkpoint``: every block checkpointed;
-- ``fused``: every MLP as :class:`actzip.memory.SparseReLUMLP` (only the sparse payload of relu(h) kept);
-- ``fused-signpack``: the same with sign-bit packing.
+- ``fused``: every MLP as :class:`actzip.memory.SparseReLUMLP` (only the sparse payload of relu(h) kept),
+  payloads allocated exactly (one host synchronization per block);
+- ``fused-arena``: payloads in an arena (no synchronization; sized from an untimed first step);
+- ``fused-arena-signpack``: the same with sign-bit packing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from actzip.core.errors import ConfigError
 from actzip.memory import SparseReLUMLP
 from actzip.models import GPT, GPTConfig
 
-STRATEGIES = ("none", "checkpoint", "fused", "fused-signpack")
+STRATEGIES = ("none", "checkpoint", "fused", "fused-arena", "fused-arena-signpack")
 
 
 @dataclass
@@ -47,14 +49,14 @@ class GPTBenchConfig:
 
 def _codec(cfg: GPTBenchConfig, sign_pack: bool):
     opts = {"sign_pack": True, "check": False} if sign_pack else {}
-    try:
-        return registry.get("sparse", kernel=cfg.kernel, **opts)
-    except Exception:  # a codec without the kernel option: its default path
-        return registry.get("sparse", **opts)
+    return registry.get("sparse", kernel=cfg.kernel, **opts)
 
 
 def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
-    from actzip.bench.harness import machine_record, run_interleaved
+    from actzip.bench.harness import machine_record, run_interleaved, runnable_strategies
+    from actzip.memory.arena import Arena
+
+    cfg, skipped = runnable_strategies(cfg, device)
 
     runs = []
     for seq in cfg.seq_lens:
@@ -62,10 +64,13 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
         model = GPT(GPTConfig.preset(cfg.preset, block_size=seq)).to(device=device, dtype=getattr(torch, cfg.dtype))
         opt = model.configure_optimizer(lr=1e-4)
         plain = [b.mlp for b in model.h]
-        fused = {
-            "fused": [SparseReLUMLP(m.c_fc, m.c_proj, square=True, codec=_codec(cfg, False), names=("c_fc", "c_proj"), dropout=m.dropout) for m in plain],
-            "fused-signpack": [SparseReLUMLP(m.c_fc, m.c_proj, square=True, codec=_codec(cfg, True), names=("c_fc", "c_proj"), dropout=m.dropout) for m in plain],
-        }
+        arenas = {s: Arena(device=device) for s in cfg.strategies if "arena" in s}
+
+        def swapped(sign_pack: bool, arena) -> list:
+            return [SparseReLUMLP(m.c_fc, m.c_proj, square=True, codec=_codec(cfg, sign_pack), names=("c_fc", "c_proj"),
+                                  dropout=m.dropout, arena=arena) for m in plain]
+
+        fused = {s: swapped("signpack" in s, arenas.get(s)) for s in cfg.strategies if s.startswith("fused")}
         batch = cfg.tokens_per_step // seq
         g = torch.Generator(device="cpu").manual_seed(seq)
         idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), generator=g).to(device)
@@ -80,7 +85,12 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if strategy in arenas:
+                arenas[strategy].reset()
 
+        for strategy, arena in arenas.items():  # untimed first step: measure the payloads, size the arena
+            step(strategy)
+            arena.fit()
         results = run_interleaved({s: (lambda s=s: step(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
                                   warmup=cfg.warmup, progress=progress)
         base = results["none"]
@@ -91,5 +101,5 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
                 "time_vs_none": r.median_ms / base.median_ms,
                 "peak_vs_none": r.peak_bytes / base.peak_bytes if r.peak_bytes and base.peak_bytes else None,
             })
-        del model, opt, plain, fused
-    return {"config": asdict(cfg), "runs": runs, "machine": machine_record(device)}
+        del model, opt, plain, fused, arenas
+    return {"config": asdict(cfg), "runs": runs, "skipped": skipped, "machine": machine_record(device)}

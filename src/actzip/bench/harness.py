@@ -87,6 +87,22 @@ def run_interleaved(
     return results
 
 
+def runnable_strategies(cfg, device: torch.device):
+    """``cfg`` without the strategies needing Triton kernels (names with "arena") where they cannot run."""
+    import dataclasses
+
+    from actzip.kernels import runtime
+
+    why = runtime.unavailable_reason(device)
+    if why is None and device.type == "cpu":
+        why = "Triton's CPU interpreter is for checking kernels, not for timing them"
+    if why is None:
+        return cfg, {}
+    skipped = {s: why for s in cfg.strategies if "arena" in s}
+    kept = tuple(s for s in cfg.strategies if s not in skipped)
+    return dataclasses.replace(cfg, strategies=kept), skipped
+
+
 def machine_record(device: torch.device) -> dict:
     """Where and with what a result was measured."""
     rec = {

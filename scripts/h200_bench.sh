@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Every GPU figure in results/: run on the device machine from the repository root, with PYTHONPATH=src.
+# Usage: scripts/h200_bench.sh OUT_DIR [stage...]   stages: tests kernels ffn gpt bits demo (default: all)
+set -uo pipefail
+out=${1:?output directory}; shift
+stages=${*:-tests kernels ffn gpt bits demo}
+mkdir -p "$out"
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+az() { python3 -m actzip "$@"; }
+for stage in $stages; do
+  echo "== $stage $(date -u +%H:%M:%S)"
+  case $stage in
+    tests) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -15 | tee "$out/tests.txt" ;;
+    kernels) az bench kernels --json "$out/kernels.json" ;;
+    ffn)
+      for d in 4096 768; do for rows in 4096 8192 16384 32768; do for density in mid low; do
+        az bench ffn --d $d --rows $rows --density $density --json "$out/ffn-parts/d$d-r$rows-$density.json" | tail -12
+      done; done; done
+      python3 - "$out" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+parts = sorted((out / "ffn-parts").glob("*.json"))
+json.dump([json.loads(p.read_text()) for p in parts], open(out / "ffn.json", "w"), indent=1)
+PY
+      rm -rf "$out/ffn-parts" ;;
+    gpt) az bench gpt --json "$out/gpt.json" ;;
+    bits) az bench bits --json "$out/bits.json" ;;
+    demo) az demo --no-progress --json "$out/demo-h200-small.json"
+          az demo --preset gpt2-124m --block-size 1024 --batch-size 8 --steps 30 --no-progress --json "$out/demo-h200-124m.json" ;;
+  esac
+done
