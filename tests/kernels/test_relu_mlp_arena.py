@@ -111,6 +111,9 @@ def test_arena_needs_kernels_and_unchecked_sign_packing():
         SparseReLUMLP(nn.Linear(4, 8), nn.Linear(8, 4), square=True, codec=actzip.codecs.get("sparse", kernel="torch"), arena=arena)
     with pytest.raises(ConfigError, match="check=False"):
         SparseReLUMLP(nn.Linear(4, 8), nn.Linear(8, 4), square=True, codec=actzip.codecs.get("sparse", sign_pack=True), arena=arena)
+    if runtime.unavailable_reason("cpu") is not None:
+        with pytest.raises(ConfigError, match="cannot run"):
+            SparseReLUMLP(nn.Linear(4, 8), nn.Linear(8, 4), square=True, arena=arena)
 
 
 @pytest.mark.cuda

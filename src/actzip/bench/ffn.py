@@ -153,12 +153,14 @@ def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> d
         if arena is not None:
             step(strategy)
             arena.fit()
-    return {s: (lambda s=s: step(s)) for s in cfg.strategies}
+    steps = {s: (lambda s=s: step(s)) for s in cfg.strategies}
+    held = {s: (lambda a=a: a.capacity_bytes) for s, (_, a) in fused.items() if a is not None}
+    return steps, held
 
 
 def check_gradients(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> dict:
     """Max |grad - grad of none| per strategy over every parameter, on one step (0: bit-identical)."""
-    steps = make_steps(cfg, blocks, x)
+    steps, _ = make_steps(cfg, blocks, x)
     grads: dict[str, dict[int, torch.Tensor]] = {}
     for strategy in cfg.strategies:
         got: dict[int, torch.Tensor] = {}
@@ -196,5 +198,6 @@ def run_ffn(cfg: FFNBenchConfig, device: torch.device, progress=None) -> dict:
     x = make_input(cfg, device)
     density = measured_density(blocks, x)
     grad_diff = check_gradients(cfg, blocks, x)
-    results = run_interleaved(make_steps(cfg, blocks, x), device, rounds=cfg.rounds, warmup=cfg.warmup, progress=progress)
+    steps, held = make_steps(cfg, blocks, x)
+    results = run_interleaved(steps, device, rounds=cfg.rounds, warmup=cfg.warmup, progress=progress, held=held)
     return {**result_record(cfg, results, density, grad_diff), "skipped": skipped, "machine": machine_record(device)}

@@ -91,8 +91,9 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
         for strategy, arena in arenas.items():  # untimed first step: measure the payloads, size the arena
             step(strategy)
             arena.fit()
+        held = {s: (lambda a=a: a.capacity_bytes) for s, a in arenas.items()}
         results = run_interleaved({s: (lambda s=s: step(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
-                                  warmup=cfg.warmup, progress=progress)
+                                  warmup=cfg.warmup, progress=progress, held=held)
         base = results["none"]
         for name, r in results.items():
             runs.append({

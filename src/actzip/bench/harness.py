@@ -55,8 +55,15 @@ def run_interleaved(
     rounds: int = 10,
     warmup: int = 2,
     progress: Callable[[str], None] | None = None,
+    held: dict[str, Callable[[], int]] | None = None,
 ) -> dict[str, VariantResult]:
-    """Run each variant's step ``warmup + rounds`` times, interleaved; return the measured rounds."""
+    """Run each variant's step ``warmup + rounds`` times, interleaved; return the measured rounds.
+
+    ``held[name]()`` gives bytes that variant ``name`` keeps allocated between its steps (an arena, say).
+    They stay allocated while the other variants run, so each variant's peak has the others' held bytes taken
+    out: every peak is what the variant would reach running alone.
+    """
+    held = held or {}
     names = list(variants)
     results = {n: VariantResult(n) for n in names}
     for r in range(warmup + rounds):
@@ -72,7 +79,8 @@ def run_interleaved(
                 end.record()
                 _sync(device)
                 ms = start.elapsed_time(end)
-                peak = torch.cuda.max_memory_allocated(device)
+                foreign = sum(fn() for other, fn in held.items() if other != name)
+                peak = torch.cuda.max_memory_allocated(device) - foreign
             else:
                 t0 = time.perf_counter()
                 variants[name]()

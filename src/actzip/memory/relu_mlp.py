@@ -200,15 +200,15 @@ def _check_arena(arena: Arena | None, codec: Codec) -> Arena | None:
         return None
     if not isinstance(codec, SparseCodec) or codec.kernel == "torch":
         raise ConfigError("relu MLP: an arena needs the sparse codec's Triton kernels (kernel='auto' or 'triton')")
-    from actzip.kernels import runtime
-
-    if (why := runtime.unavailable_reason(arena.device)) is not None:
-        raise ConfigError(f"relu MLP: an arena on {arena.device} needs the Triton kernels, which cannot run: {why}")
     if codec.sign_pack and codec.check_values:
         raise ConfigError(
             "relu MLP: sign packing into an arena runs unchecked (checking would synchronize): pass "
             "check=False; ReLU outputs have no negative values (a -0.0 is then stored as +0.0)"
         )
+    from actzip.kernels import runtime
+
+    if (why := runtime.unavailable_reason(arena.device)) is not None:
+        raise ConfigError(f"relu MLP: an arena on {arena.device} needs the Triton kernels, which cannot run: {why}")
     return arena
 
 
