@@ -125,3 +125,30 @@ def test_lossy_codec_refused():
 
     with pytest.raises(ConfigError, match="lossy"):
         SparseReLUMLP(nn.Linear(4, 8), nn.Linear(8, 4), square=True, codec=Lossy())
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_dense_activation_is_not_kept_alive(gated, monkeypatch):
+    # After forward only the payload may remain: relu(h)² (and the gated product) must be freed.
+    import weakref
+
+    from actzip.memory import relu_mlp
+
+    outputs = []
+    real_apply = relu_mlp.SparseReLU.apply
+
+    def spy(*args):
+        out = real_apply(*args)
+        outputs.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(relu_mlp.SparseReLU, "apply", spy)
+    if gated:
+        ref = RefGated(16, 64, True, False)
+        fused = SparseGatedReLUMLP(ref.gate_proj, ref.up_proj, ref.down_proj, square=True)
+    else:
+        fused = SparseReLUMLP(nn.Linear(16, 64), nn.Linear(64, 16), square=True)
+    x = torch.randn(32, 16, requires_grad=True)
+    y = fused(x)
+    assert outputs and all(r() is None for r in outputs)
+    y.sum().backward()

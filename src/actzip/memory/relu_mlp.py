@@ -231,25 +231,27 @@ class _Rebuild:
         return self.make().as_strided(self.size, self.stride, self.offset)
 
 
-def _shares_storage(t: torch.Tensor, target: torch.Tensor) -> bool:
-    return t.device == target.device and t.untyped_storage().data_ptr() == target.untyped_storage().data_ptr()
-
-
 class _RebuildSaved(torch.autograd.graph.saved_tensors_hooks):
     """Inside the block, a saved tensor sharing storage with a target is kept as a rebuild handle.
 
     Other saved tensors go to the enclosing :class:`~actzip.memory.ActivationCache` if one is open (these
     hooks hide it), else are kept as they are. Rebuilt tensors are accounted as stored in 0 bytes.
+
+    Autograd keeps the hook functions with every tensor they packed, so they must not refer to the targets
+    themselves (that would keep them alive, defeating the point): they know them by storage address, which
+    cannot be reused while the targets are alive, i.e. during the block.
     """
 
     def __init__(self, targets: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]]) -> None:
         # The rebuilt tensor comes back contiguous from offset 0: only such targets can be re-viewed exactly.
-        targets = [(t, make) for t, make in targets if t.is_contiguous() and t.storage_offset() == 0]
+        keys = [((t.device, t.untyped_storage().data_ptr()), make) for t, make in targets
+                if t.is_contiguous() and t.storage_offset() == 0]
         cache = current_cache()
 
         def pack(t: torch.Tensor):
-            for target, make in targets:
-                if _shares_storage(t, target):
+            key = (t.device, t.untyped_storage().data_ptr())
+            for target, make in keys:
+                if key == target:
                     record_external("rebuilt", t.numel() * t.element_size(), 0)
                     return _Rebuild(make, t)
             return cache.pack(t) if cache is not None else t
