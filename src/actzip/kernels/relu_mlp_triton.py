@@ -86,6 +86,17 @@ def _check(dtype: torch.dtype) -> None:
         raise ConfigError(f"relu MLP kernels take float32, float16 or bfloat16 activations, got {dtype}")
 
 
+def _launch(kernel, tensors: tuple, n: int, dtype: torch.dtype, tile_size: int, sign_pack: bool, square: bool,
+            values_offset: torch.Tensor | None, device: torch.device) -> None:
+    n_tiles = -(-n // tile_size)
+    if n_tiles:
+        kernel[(n_tiles,)](
+            *tensors, _base(values_offset, device), n,
+            T=tile_size, WIDTH=_width(_bits_torch(dtype), sign_pack), SIGN_PACK=sign_pack,
+            BITS_DTYPE=_BITS[dtype], FLOAT_DTYPE=_FLOAT[dtype], SQUARE=square, num_warps=_num_warps(tile_size),
+        )  # fmt: skip
+
+
 def relu_grad(
     grad: torch.Tensor,
     mask: torch.Tensor,
@@ -104,14 +115,8 @@ def relu_grad(
     if grad.dtype != dtype:
         raise ConfigError(f"relu_grad: grad has dtype {grad.dtype}, the payload {dtype}")
     out = torch.empty_like(grad)
-    n = grad.numel()
-    n_tiles = -(-n // tile_size)
-    if n_tiles:
-        relu_grad_kernel[(n_tiles,)](
-            grad, out, mask, tile_offsets, values, _base(values_offset, grad.device), n,
-            T=tile_size, WIDTH=_width(_bits_torch(dtype), sign_pack), SIGN_PACK=sign_pack,
-            BITS_DTYPE=_BITS[dtype], FLOAT_DTYPE=_FLOAT[dtype], SQUARE=square, num_warps=_num_warps(tile_size),
-        )  # fmt: skip
+    _launch(relu_grad_kernel, (grad, out, mask, tile_offsets, values), grad.numel(), dtype, tile_size, sign_pack,
+            square, values_offset, grad.device)
     return out
 
 
@@ -130,14 +135,8 @@ def activation(
     _check(dtype)
     check_tile_size(tile_size)
     out = torch.empty(shape, dtype=dtype, device=mask.device)
-    n = out.numel()
-    n_tiles = -(-n // tile_size)
-    if n_tiles:
-        activation_kernel[(n_tiles,)](
-            out, mask, tile_offsets, values, _base(values_offset, mask.device), n,
-            T=tile_size, WIDTH=_width(_bits_torch(dtype), sign_pack), SIGN_PACK=sign_pack,
-            BITS_DTYPE=_BITS[dtype], FLOAT_DTYPE=_FLOAT[dtype], SQUARE=square, num_warps=_num_warps(tile_size),
-        )  # fmt: skip
+    _launch(activation_kernel, (out, mask, tile_offsets, values), out.numel(), dtype, tile_size, sign_pack, square,
+            values_offset, mask.device)
     return out
 
 

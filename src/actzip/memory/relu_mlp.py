@@ -264,6 +264,18 @@ class _RebuildSaved(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 
 
+def _sparse_activation(module: nn.Module, proj: nn.Module, x: torch.Tensor, h: torch.Tensor):
+    """``act(h)`` through :class:`SparseReLU` (``h = proj(x)``), and the function that rebuilds it in backward."""
+    recompute = _recompute_fn(proj, x) if module.arena is not None else None
+    a = SparseReLU.apply(h, module.codec, module.square, "relu output", module.arena, recompute)
+    node, codec, square = a.grad_fn, module.codec, module.square
+
+    def rebuild_a() -> torch.Tensor:
+        return _rebuild_activation(node, codec, square)
+
+    return a, rebuild_a
+
+
 class SparseReLUMLP(nn.Module):
     """``down(act(up(x)))`` with ``act`` relu or relu², keeping ``x`` and the payload of ``relu(up(x))``.
 
@@ -299,13 +311,7 @@ class SparseReLUMLP(nn.Module):
             r = torch.relu(h)
             y = down(r.square() if self.square else r)
         else:
-            recompute = _recompute_fn(up, x) if self.arena is not None else None
-            a = SparseReLU.apply(h, self.codec, self.square, "relu output", self.arena, recompute)
-            node, codec, square = a.grad_fn, self.codec, self.square
-
-            def rebuild_a() -> torch.Tensor:
-                return _rebuild_activation(node, codec, square)
-
+            a, rebuild_a = _sparse_activation(self, up, x, h)
             with _RebuildSaved([(a, rebuild_a)]):
                 y = down(a)
         return self.dropout(y) if self.dropout is not None else y
@@ -346,12 +352,7 @@ class SparseGatedReLUMLP(nn.Module):
         if not (torch.is_grad_enabled() and g.requires_grad):
             r = torch.relu(g)
             return down((r.square() if self.square else r) * up(x))
-        recompute = _recompute_fn(gate, x) if self.arena is not None else None
-        a = SparseReLU.apply(g, self.codec, self.square, "relu output", self.arena, recompute)
-        node, codec, square = a.grad_fn, self.codec, self.square
-
-        def rebuild_a() -> torch.Tensor:
-            return _rebuild_activation(node, codec, square)
+        a, rebuild_a = _sparse_activation(self, gate, x, g)
 
         u = up(x)
         with _RebuildSaved([(a, rebuild_a)]):
