@@ -8,13 +8,17 @@ Bit order is little-endian throughout: bit ``i`` of byte ``j`` is element ``8*j 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 # Elements handled per chunk when packing integers, bounding the temporary (chunk * width) bit tensor.
 _CHUNK = 1 << 20
 
 
+@functools.lru_cache(maxsize=None)
 def _byte_weights(device: torch.device) -> torch.Tensor:
+    # Cached per device: building it is a host-to-device copy, which would otherwise run on every call.
     return torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)
 
 
