@@ -19,3 +19,14 @@ def test_report_renders_every_demo_json(tmp_path, capsys):
     (tmp_path / "docs").mkdir()
     assert main(["report", "--root", str(tmp_path)]) == 0
     assert (tmp_path / "docs" / "RESULTS.md").read_text() == text
+
+
+def test_bench_kernels_needs_cuda(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("checks the message shown without a GPU")
+    assert main(["bench", "kernels", "--numel", "4096"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
