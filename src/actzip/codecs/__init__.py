@@ -2,12 +2,25 @@
 
 >>> codec = actzip.codecs.get("sparse", sign_pack=True)
 >>> payload = codec.encode(x); x2 = codec.decode(payload); payload.nbytes
+>>> lossy = actzip.codecs.get("quant", bits=4, group_size=128)  # or get("fp8", format="e4m3")
 """
 
-from actzip.codecs import passthrough, sparse  # noqa: F401  (registers the codecs)
+from actzip.codecs import passthrough, quant, sparse  # noqa: F401  (registers the codecs)
 from actzip.codecs.base import Codec
+from actzip.codecs.quant import FP8Codec, QuantCodec
 from actzip.codecs.sparse import EntropyBound, SparseCodec, entropy_bound
 from actzip.core.payload import Payload
 from actzip.core.registry import available, get, register_codec
 
-__all__ = ["Codec", "EntropyBound", "Payload", "SparseCodec", "available", "entropy_bound", "get", "register_codec"]
+__all__ = [
+    "Codec",
+    "EntropyBound",
+    "FP8Codec",
+    "Payload",
+    "QuantCodec",
+    "SparseCodec",
+    "available",
+    "entropy_bound",
+    "get",
+    "register_codec",
+]
