@@ -91,7 +91,9 @@ def _ffn_section(path: Path, root: Path) -> str:
         "bit-identical (max |Δgrad| = 0) unless marked.\n",
         "For comparison, the public BitSparse code on this workload at 16k rows on the same kind of GPU was "
         "reported at −28% peak / +3.5% time (mid density), −41% / +3.2% (low), −42% / +8% with 15-bit packing, "
-        "and checkpointing at 8.29 GB / +22% (quoted figures, not measured by this command).\n",
+        "and checkpointing at 8.29 GB / +22% (quoted figures, not measured by this command; its uncompressed peak "
+        "was 12.39 GB where this harness's is larger, since it counts weights, gradients and input in the peak: "
+        "compare the relative figures).\n",
         _provenance(recs[0], path, root) + "; every row's command:\n",
         *[f"- `{r.get('command', '?')}` ({r.get('machine', {}).get('date', '?')})" for r in recs],
         "",
