@@ -5,9 +5,10 @@
 >>> lossy = actzip.codecs.get("quant", bits=4, group_size=128)  # or get("fp8", format="e4m3")
 """
 
-from actzip.codecs import passthrough, quant, sparse  # noqa: F401  (registers the codecs)
+from actzip.codecs import passthrough, quant, sketch, sparse  # noqa: F401  (registers the codecs)
 from actzip.codecs.base import Codec
 from actzip.codecs.quant import FP8Codec, QuantCodec
+from actzip.codecs.sketch import SketchCodec, sketch_matrix
 from actzip.codecs.sparse import EntropyBound, SparseCodec, entropy_bound
 from actzip.core.payload import Payload
 from actzip.core.registry import available, get, register_codec
@@ -18,9 +19,11 @@ __all__ = [
     "FP8Codec",
     "Payload",
     "QuantCodec",
+    "SketchCodec",
     "SparseCodec",
     "available",
     "entropy_bound",
     "get",
     "register_codec",
+    "sketch_matrix",
 ]

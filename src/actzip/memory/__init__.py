@@ -2,6 +2,7 @@
 
 from actzip.memory.account import RuleStats, StepAccount
 from actzip.memory.apply import CompressReport, SparseMLPConfig, compress_, register_handler
+from actzip.memory.linear import SketchedLinear, sketch_linears_
 from actzip.memory.relu_mlp import SparseGatedReLUMLP, SparseReLU, SparseReLUMLP
 from actzip.memory.rules import CacheConfig, Rule, count_only_rules, default_rules
 from actzip.memory.saved import ActivationCache, current_cache, record_external
@@ -12,6 +13,7 @@ __all__ = [
     "CompressReport",
     "Rule",
     "RuleStats",
+    "SketchedLinear",
     "SparseGatedReLUMLP",
     "SparseMLPConfig",
     "SparseReLU",
@@ -23,4 +25,5 @@ __all__ = [
     "default_rules",
     "record_external",
     "register_handler",
+    "sketch_linears_",
 ]

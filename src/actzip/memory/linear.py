@@ -1,0 +1,206 @@
+"""A linear layer that keeps a random sketch of its input for backward instead of the input itself.
+
+``y = x W^T + b`` needs ``x`` in backward only for the weight gradient ``G^T x`` (``G`` the output gradient,
+leading dimensions flattened). :class:`SketchedLinear` keeps ``x S`` (``S`` a random ``in x k`` matrix with
+``E[S S^T] = I``, see :mod:`actzip.codecs.sketch`, rebuilt from its seed in backward, never stored), and
+computes the weight gradient as ``(G^T (x S)) S^T``, whose expectation is ``G^T x``: an unbiased gradient
+from ``k / in`` of the memory. It is exactly rank ``k``: the factors ``G^T (x S)`` ``[out x k]`` and ``S^T``
+``[k x in]`` hold it with no further error. Everything else is exact: the output, the input gradient
+``G W`` (which never needs ``x``) and the bias gradient are those of ``nn.Linear``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from actzip.codecs.quant import _check_seed
+from actzip.codecs.sketch import check_kind, check_rank, derive_seed, sketch_apply, sketch_matrix
+from actzip.core.errors import ConfigError
+from actzip.memory.saved import record_external
+
+
+def _work(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class SketchedLinearFunction(torch.autograd.Function):
+    """``F.linear(x, weight, bias)`` that saves ``x S`` and ``weight`` (not ``x``) for backward.
+
+    ``owner`` is the :class:`SketchedLinear` (or ``None``) that collects the weight-gradient factors.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, rank: int, kind: str, seed: int, owner):
+        y = F.linear(x, weight, bias)
+        d = x.shape[-1]
+        ctx.rank, ctx.kind, ctx.seed, ctx.d = rank, kind, seed, d
+        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
+        ctx.owner = owner
+        if ctx.needs_input_grad[1]:
+            s = sketch_matrix(d, rank, seed, kind, x.device, _work(x.dtype))
+            xs = sketch_apply(x.detach(), s).to(x.dtype)
+            record_external("sketch", x.numel() * x.element_size(), xs.numel() * xs.element_size())
+        else:
+            xs = None
+        ctx.save_for_backward(xs, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        xs, weight = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.matmul(grad_y, weight)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_y.sum(dim=tuple(range(grad_y.dim() - 1)))
+        if ctx.needs_input_grad[1]:
+            work = _work(weight.dtype)
+            g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(work)
+            left = g2.t().matmul(xs.reshape(-1, ctx.rank).to(work))  # [out, k]
+            right = sketch_matrix(ctx.d, ctx.rank, ctx.seed, ctx.kind, weight.device, work).t()  # [k, in]
+            grad_w = left.matmul(right).to(weight.dtype)
+            owner = ctx.owner() if ctx.owner is not None else None
+            if owner is not None:
+                owner._collect_factors(left, right)
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+class SketchedLinear(nn.Module):
+    """``nn.Linear`` whose backward keeps a rank-``k`` sketch of the input instead of the input.
+
+    The wrapped layer's parameters are registered under the same names (``weight``, ``bias``), so state
+    dicts are interchangeable with the ``nn.Linear`` it replaces.
+
+    Args:
+      linear: the ``nn.Linear`` to wrap (its parameters are shared, not copied).
+      rank: sketch width ``k`` (an int >= 1); the saved input is ``k / in_features`` of ``x``.
+      kind: ``"gaussian"`` or ``"sign"`` (see :mod:`actzip.codecs.sketch`).
+      seed: base seed. The ``i``-th forward with gradients (from 0) sketches with seed
+        ``derive_seed(seed, i)``, so every step draws a fresh ``S``; ``last_seed`` holds the latest one.
+      factored_grad: also keep the weight gradient as factors. After backward,
+        ``weight.actzip_factors = (left, right)`` (``[out x r]`` and ``[r x in]``, in float32, float64 for
+        float64 weights) with ``left @ right`` equal to the sketched part of ``weight.grad``; an optimizer
+        could use these directly instead of the dense gradient, which is still set. Factors of several
+        backward calls (layer reused, or gradients accumulated) are concatenated along ``r``; they restart
+        when the backward pass finds ``weight.grad`` ``None`` (``zero_grad()``'s default), and can be
+        dropped by deleting the attribute.
+
+    Guarantees: the output, the input gradient and the bias gradient are bit-identical to ``nn.Linear``'s
+    (the same ops on the same tensors); ``E[weight.grad] = G^T x`` over the draw of ``S``, with the variance
+    of :class:`actzip.codecs.sketch.SketchCodec` for each row of ``x``, mixed by ``G``.
+    """
+
+    def __init__(
+        self,
+        linear: nn.Linear,
+        *,
+        rank: int,
+        kind: str = "gaussian",
+        seed: int = 0,
+        factored_grad: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(linear, nn.Linear):
+            raise ConfigError(f"SketchedLinear wraps an nn.Linear, got {type(linear).__name__}")
+        check_rank("SketchedLinear", rank)
+        check_kind("SketchedLinear", kind)
+        _check_seed("SketchedLinear", seed)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        if linear.bias is not None:
+            self.bias = linear.bias
+        else:
+            self.register_parameter("bias", None)
+        self.rank, self.kind, self.seed = rank, kind, 0 if seed is None else seed
+        self.factored_grad = bool(factored_grad)
+        self.calls = 0
+        self.last_seed: int | None = None
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._restart = True
+        self._hook = None
+        if self.factored_grad:
+            self._hook = self.weight.register_post_accumulate_grad_hook(_make_publish(weakref.ref(self)))
+
+    def _collect_factors(self, left: torch.Tensor, right: torch.Tensor) -> None:
+        if not self.factored_grad:
+            return
+        if not self._pending:
+            self._restart = self.weight.grad is None  # AccumulateGrad has not run yet in this pass
+        self._pending.append((left, right))
+
+    def _publish(self, param: torch.Tensor) -> None:
+        if not self._pending:
+            return
+        parts = self._pending
+        old = getattr(param, "actzip_factors", None)
+        if not self._restart and old is not None:
+            parts = [old, *parts]
+        self._pending = []
+        param.actzip_factors = (torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        needs = torch.is_grad_enabled() and (
+            x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad)
+        )
+        if not needs:
+            return F.linear(x, self.weight, self.bias)
+        seed = derive_seed(self.seed, self.calls)
+        self.calls += 1
+        self.last_seed = seed
+        owner = weakref.ref(self) if self.factored_grad else None
+        return SketchedLinearFunction.apply(x, self.weight, self.bias, self.rank, self.kind, seed, owner)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"rank={self.rank}, kind={self.kind!r}, factored_grad={self.factored_grad}"
+        )
+
+
+def _make_publish(owner_ref: weakref.ref) -> Callable[[torch.Tensor], None]:
+    def hook(param: torch.Tensor) -> None:
+        owner = owner_ref()
+        if owner is not None:
+            owner._publish(param)
+
+    return hook
+
+
+def sketch_linears_(
+    model: nn.Module,
+    rank: int | None = None,
+    rank_ratio: float = 1 / 8,
+    filter_fn: Callable[[str, nn.Linear], bool] | None = None,
+    **kw,
+) -> list[str]:
+    """Replace, in place, every ``nn.Linear`` of ``model`` by a :class:`SketchedLinear`; return their names.
+
+    ``rank`` fixes ``k`` for all layers; when ``None``, each gets ``max(1, round(in_features * rank_ratio))``.
+    ``filter_fn(name, module)`` picks the layers to replace (all by default). ``kw`` go to
+    :class:`SketchedLinear` (``kind``, ``seed``, ``factored_grad``); with the same ``seed`` the layers still
+    draw independent sketches, as each layer's seed is derived from ``seed`` and its position. State dict
+    keys are unchanged. ``model`` itself is not replaced even if it is an ``nn.Linear``.
+    """
+    if rank is None and not (isinstance(rank_ratio, (int, float)) and not isinstance(rank_ratio, bool) and rank_ratio > 0):
+        raise ConfigError(f"sketch_linears_: rank_ratio must be a positive number, got {rank_ratio!r}")
+    base = kw.pop("seed", 0)
+    _check_seed("sketch_linears_", base)
+    targets = [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if name and type(mod) is nn.Linear and (filter_fn is None or filter_fn(name, mod))
+    ]
+    swapped = []
+    for i, (name, mod) in enumerate(targets):
+        k = rank if rank is not None else max(1, round(mod.in_features * rank_ratio))
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        new = SketchedLinear(mod, rank=k, seed=derive_seed(0 if base is None else base, i), **kw)
+        setattr(parent, child, new)
+        swapped.append(name)
+    return swapped

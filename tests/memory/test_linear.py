@@ -1,0 +1,179 @@
+"""SketchedLinear: exact output, input and bias gradients; unbiased, exactly rank-k weight gradient."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import actzip.codecs.sketch  # noqa: F401  (registers the codec)
+from actzip.codecs.sketch import derive_seed, sketch_matrix
+from actzip.core.errors import ConfigError
+from actzip.memory import ActivationCache, CacheConfig
+from actzip.memory.linear import SketchedLinear, sketch_linears_
+
+
+def pair(d_in, d_out, bias=True, **kw):
+    ref = nn.Linear(d_in, d_out, bias=bias)
+    return ref, SketchedLinear(copy.deepcopy(ref), **kw)
+
+
+def run(module, x, g):
+    x = x.clone().requires_grad_()
+    y = module(x)
+    y.backward(g)
+    return y.detach(), x.grad, module.bias.grad if module.bias is not None else None, module.weight.grad
+
+
+@pytest.mark.parametrize("shape", [(33, 48), (4, 9, 48), (2, 3, 5, 48)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("kind", ["gaussian", "sign"])
+def test_output_and_exact_grads_bit_identical(shape, bias, kind):
+    ref, sk = pair(48, 80, bias=bias, rank=6, kind=kind)
+    x = torch.randn(shape)
+    g = torch.randn(*shape[:-1], 80)
+    y0, gx0, gb0, _ = run(ref, x, g)
+    y1, gx1, gb1, gw1 = run(sk, x, g)
+    assert torch.equal(y0, y1)
+    assert torch.equal(gx0, gx1)
+    if bias:
+        assert torch.equal(gb0, gb1)
+    # the weight gradient is the product of the two factors, with the S of the seed used
+    s = sketch_matrix(48, 6, sk.last_seed, kind)
+    xs = x.reshape(-1, 48) @ s
+    expected = (g.reshape(-1, 80).t() @ xs) @ s.t()
+    assert gw1.shape == sk.weight.shape
+    assert torch.allclose(gw1, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_no_grad_and_frozen_paths():
+    ref, sk = pair(16, 8, rank=4)
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        assert torch.equal(ref(x), sk(x))
+    assert sk.calls == 0
+    sk.weight.requires_grad_(False)
+    ref.weight.requires_grad_(False)
+    _, gx0, gb0, _ = run(ref, x, torch.ones(5, 8))
+    _, gx1, gb1, gw1 = run(sk, x, torch.ones(5, 8))
+    assert torch.equal(gx0, gx1) and torch.equal(gb0, gb1) and gw1 is None
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sign"])
+def test_weight_grad_unbiased(kind):
+    torch.manual_seed(3)
+    d_in, d_out, n, k = 10, 4, 1500, 3
+    lin = nn.Linear(d_in, d_out, bias=False).double()
+    sk = SketchedLinear(lin, rank=k, kind=kind, seed=11)
+    x = torch.randn(6, d_in, dtype=torch.float64)
+    g = torch.randn(6, d_out, dtype=torch.float64)
+    exact = g.t() @ x
+    samples = []
+    for _ in range(n):
+        sk.weight.grad = None
+        sk(x).backward(g)
+        samples.append(sk.weight.grad.clone())
+    samples = torch.stack(samples)
+    assert len({float(s[0, 0]) for s in samples[:20]}) == 20  # a fresh S each step
+    se = samples.std(0) / n**0.5
+    z = (samples.mean(0) - exact) / se
+    assert z.abs().max() < 4.5
+    assert z.abs().mean() < 1.2
+
+
+def test_seeds_per_call():
+    _, sk = pair(8, 4, rank=2, seed=5)
+    x = torch.randn(3, 8)
+    seeds = []
+    for _ in range(3):
+        sk(x).sum().backward()
+        seeds.append(sk.last_seed)
+    assert seeds == [derive_seed(5, i) for i in range(3)]
+    assert sk.calls == 3
+
+
+def test_factored_grad():
+    ref, sk = pair(24, 12, rank=5, factored_grad=True)
+    x = torch.randn(2, 7, 24)
+    sk(x).backward(torch.randn(2, 7, 12))
+    left, right = sk.weight.actzip_factors
+    assert left.shape == (12, 5) and right.shape == (5, 24)
+    assert torch.equal(left @ right, sk.weight.grad)
+    # used twice in one pass: factors of both uses, concatenated
+    sk.zero_grad()
+    (sk(x).square().sum() + sk(x[:, :3]).sum()).backward()
+    left, right = sk.weight.actzip_factors
+    assert left.shape == (12, 10) and right.shape == (10, 24)
+    assert torch.allclose(left @ right, sk.weight.grad, atol=1e-4)
+    # gradient accumulation without zeroing: factors keep up with weight.grad
+    sk(x).sum().backward()
+    left, right = sk.weight.actzip_factors
+    assert left.shape == (12, 15)
+    assert torch.allclose(left @ right, sk.weight.grad, atol=1e-4)
+    # zero_grad() (set_to_none) restarts them
+    sk.zero_grad()
+    sk(x).sum().backward()
+    assert sk.weight.actzip_factors[0].shape == (12, 5)
+
+
+def test_no_factors_by_default():
+    _, sk = pair(8, 4, rank=2)
+    sk(torch.randn(3, 8)).sum().backward()
+    assert not hasattr(sk.weight, "actzip_factors")
+
+
+def test_saved_bytes_recorded():
+    _, sk = pair(64, 32, rank=8)
+    x = torch.randn(4, 10, 64, requires_grad=True)
+    cache = ActivationCache(CacheConfig())
+    with cache:
+        y = sk(x)
+    y.sum().backward()
+    stats = cache.last.by_rule["sketch"]
+    assert stats.tensors == 1 and stats.dense_bytes == x.numel() * 4
+    assert stats.stored_bytes == x.numel() * 4 * 8 // 64
+
+
+def test_saves_no_input():
+    _, sk = pair(64, 32, rank=8)
+    x = torch.randn(20, 64, requires_grad=True)
+    y = sk(x)
+    saved = [t for t in y.grad_fn.saved_tensors if t is not None]
+    assert all(t.data_ptr() != x.data_ptr() for t in saved)
+    assert sum(t.numel() for t in saved if t.shape != sk.weight.shape) == 20 * 8
+
+
+def test_state_dict_and_parameters_shared():
+    ref = nn.Linear(6, 3)
+    sk = SketchedLinear(ref, rank=2)
+    assert list(sk.state_dict()) == list(ref.state_dict()) == ["weight", "bias"]
+    assert sk.weight is ref.weight and sk.bias is ref.bias
+    assert list(SketchedLinear(nn.Linear(6, 3, bias=False), rank=2).state_dict()) == ["weight"]
+    assert "rank=2" in repr(sk)
+
+
+@pytest.mark.parametrize("kw", [{"rank": 0}, {"rank": 2, "kind": "x"}, {"rank": 2, "seed": -3}])
+def test_bad_options(kw):
+    with pytest.raises(ConfigError):
+        SketchedLinear(nn.Linear(4, 4), **kw)
+    with pytest.raises(ConfigError):
+        SketchedLinear(nn.Conv1d(1, 1, 1), rank=1)
+
+
+def test_sketch_linears_():
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Sequential(nn.Linear(64, 16), nn.Linear(16, 3)))
+    keys = list(model.state_dict())
+    ref = copy.deepcopy(model)
+    names = sketch_linears_(model, filter_fn=lambda n, m: m.out_features != 3)
+    assert names == ["0", "2.0"]
+    assert isinstance(model[0], SketchedLinear) and model[0].rank == 4
+    assert isinstance(model[2][0], SketchedLinear) and model[2][0].rank == 8
+    assert type(model[2][1]) is nn.Linear
+    assert list(model.state_dict()) == keys
+    x = torch.randn(5, 32)
+    assert torch.equal(model(x), ref(x))
+    assert model[0].seed != model[2][0].seed
+    names = sketch_linears_(model, rank=2, kind="sign")
+    assert names == ["2.1"] and model[2][1].rank == 2 and model[2][1].kind == "sign"
+    with pytest.raises(ConfigError):
+        sketch_linears_(nn.Sequential(nn.Linear(2, 2)), rank_ratio=0)
