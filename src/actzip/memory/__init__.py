@@ -3,7 +3,9 @@
 from actzip.memory.account import RuleStats, StepAccount
 from actzip.memory.apply import CompressReport, SparseMLPConfig, compress_, register_handler
 from actzip.memory.linear import SketchedLinear, sketch_linears_
+from actzip.memory.presets import PRESETS, compressed, preset_rules
 from actzip.memory.relu_mlp import SparseGatedReLUMLP, SparseReLU, SparseReLUMLP
+from actzip.memory.roles import RoleTracker, current_role
 from actzip.memory.rules import CacheConfig, Rule, count_only_rules, default_rules
 from actzip.memory.saved import ActivationCache, current_cache, record_external
 
@@ -11,6 +13,8 @@ __all__ = [
     "ActivationCache",
     "CacheConfig",
     "CompressReport",
+    "PRESETS",
+    "RoleTracker",
     "Rule",
     "RuleStats",
     "SketchedLinear",
@@ -20,9 +24,12 @@ __all__ = [
     "SparseReLUMLP",
     "StepAccount",
     "compress_",
+    "compressed",
     "count_only_rules",
     "current_cache",
+    "current_role",
     "default_rules",
+    "preset_rules",
     "record_external",
     "register_handler",
     "sketch_linears_",

@@ -4,7 +4,8 @@
 autograd saves inside the block goes through the rules (:mod:`actzip.memory.rules`); the first rule that
 accepts it picks a codec, and autograd keeps the payload instead of the tensor. In backward the payload is
 decoded when autograd asks for the tensor. A tensor saved twice (the same storage, view and version, like a
-ReLU output that both ReLU and the next op save) is encoded and counted once.
+ReLU output that both ReLU and the next op save) is encoded and counted once, unless the first save was
+stored lossily: then each save goes through the rules on its own.
 
 With a lossless codec (the default) backward sees bit-identical tensors, so gradients are bit-identical.
 
@@ -133,8 +134,10 @@ class ActivationCache:
             if hit is not None:
                 storage_ref, saved_ref = hit
                 saved = saved_ref()
-                # The storage is still alive, so the same address means the same data (no reuse).
-                if saved is not None and not storage_ref.expired():
+                # The storage is still alive, so the same address means the same data (no reuse). A lossy copy
+                # is never shared: the second save may need more precision than the first got.
+                lossless = saved is not None and (saved.codec is None or saved.codec.lossless)
+                if lossless and not storage_ref.expired():
                     self._account.duplicates += 1
                     self._account.duplicate_bytes += t.numel() * t.element_size()
                     return saved

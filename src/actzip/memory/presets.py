@@ -1,0 +1,206 @@
+"""Named rule sets for the activation cache, chosen by the role of each saved tensor.
+
+>>> with compressed("balanced", min_bytes=64 * 1024) as cache:   # RoleTracker + ActivationCache
+...     loss = model(x).sum()
+>>> loss.backward()
+>>> cache.last.by_rule["linear_input:quant4"]
+
+or by hand: ``cache = ActivationCache(rules=preset_rules("balanced"))`` used as
+``with RoleTracker(): with cache: ...``. Without an active :class:`~actzip.memory.roles.RoleTracker` every
+tensor has the role ``other`` and a role-based preset keeps it as it is (safe, but nothing is compressed).
+
+Every preset but ``lossless`` starts with the checks of the default rules: leaves (``leaf``), tensors the
+quant codec cannot take (``unsupported``: not a float dtype, not strided) and tensors under ``min_bytes``
+(``small``) are kept. Then each role (:mod:`actzip.memory.roles`) gets a treatment; the account reports each
+tensor under ``"<role>:<treatment>"`` (e.g. ``linear_input:quant4``, ``attention:kept``).
+
+========================  ==========  ==============  ==============  ==============
+role                      lossless    conservative    balanced        aggressive
+========================  ==========  ==============  ==============  ==============
+linear_input              default     quant8 (sr)     quant4 (sr)     quant2 (sr)
+nonlinear_input           default     kept            quant8 (rn)     quant8 (rn)
+relu_output               default     sparse          sparse          sparse
+attention, norm           default     kept            kept            kept
+parameter, other          default     kept            kept            kept
+lossy                     no          yes             yes             yes
+========================  ==========  ==============  ==============  ==============
+
+``default``: :func:`~actzip.memory.rules.default_rules` (lossless sparse for mostly-zero tensors, whatever their
+role). ``quantN``: the lossy ``quant`` codec at N bits, groups of ``group_size`` (128) elements, minmax scale;
+``(sr)`` stochastic rounding (unbiased: the weight gradient ``G^T x`` stays unbiased), ``(rn)`` round to nearest
+(half the error; the derivative of a nonlinear function is not unbiased under rounding anyway). ``sparse``:
+the lossless sparse codec when at least ``min_zero_fraction`` of the tensor is zero, else kept.
+
+Safety rule, kept by every preset: a ``nonlinear_input`` is stored losslessly or with at least 8 bits.
+Quantized tensors use ``check=False``: a non-finite value makes its group decode to NaN (so a gradient scaler
+still sees the overflow) instead of raising inside the forward pass.
+
+A tensor saved twice is stored once only when its first copy is lossless; a lossy first copy is never shared,
+so a tensor saved first as a linear input and later by a nonlinear function (``lin(h) * h``) gets its own
+8-bit copy for the second save.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from actzip.core import registry
+from actzip.core.errors import ConfigError
+from actzip.memory.roles import (
+    ATTENTION,
+    LINEAR_INPUT,
+    NONLINEAR_INPUT,
+    NORM,
+    OTHER,
+    PARAMETER,
+    RELU_OUTPUT,
+    RoleTracker,
+    current_role,
+)
+from actzip.memory.rules import CacheConfig, Rule, default_rules, is_leaf_storage, zero_fraction
+from actzip.memory.saved import ActivationCache
+
+DEFAULT_MIN_BYTES = CacheConfig().min_bytes
+KEPT = "kept"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named rule set: ``treatments`` maps each role to ``"kept"``, ``"sparse"`` or ``"quantN-sr/rn"``."""
+
+    name: str
+    description: str
+    lossy: bool
+    treatments: dict[str, str]
+
+
+def _uniform(**roles: str) -> dict[str, str]:
+    base = {r: KEPT for r in (LINEAR_INPUT, NONLINEAR_INPUT, RELU_OUTPUT, ATTENTION, NORM, PARAMETER, OTHER)}
+    base.update(roles)
+    return base
+
+
+PRESETS: dict[str, Preset] = {
+    "lossless": Preset(
+        "lossless", "the default rules: lossless sparse for mostly-zero tensors, bit-identical gradients", False, {}
+    ),
+    "conservative": Preset(
+        "conservative",
+        "lossy: linear inputs 8-bit stochastic; relu outputs lossless sparse; everything else kept",
+        True,
+        _uniform(linear_input="quant8-sr", relu_output="sparse"),
+    ),
+    "balanced": Preset(
+        "balanced",
+        "lossy: linear inputs 4-bit stochastic; nonlinear inputs 8-bit nearest; relu outputs lossless sparse; "
+        "attention, norm and the rest kept",
+        True,
+        _uniform(linear_input="quant4-sr", nonlinear_input="quant8-rn", relu_output="sparse"),
+    ),
+    "aggressive": Preset(
+        "aggressive",
+        "lossy: linear inputs 2-bit stochastic; nonlinear inputs 8-bit nearest; relu outputs lossless sparse; "
+        "attention, norm and the rest kept",
+        True,
+        _uniform(linear_input="quant2-sr", nonlinear_input="quant8-rn", relu_output="sparse"),
+    ),
+}
+
+MIN_NONLINEAR_BITS = 8  # the safety rule: nonlinear inputs are lossless or quantized with at least this many bits
+
+
+def _get(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown activation cache preset {name!r}; presets: {', '.join(PRESETS)}") from None
+
+
+def describe(name: str) -> str:
+    """One line per role: what preset ``name`` does with it."""
+    p = _get(name)
+    if not p.treatments:
+        return f"{p.name}: {p.description}"
+    rows = "\n".join(f"  {role}: {how}" for role, how in p.treatments.items())
+    return f"{p.name}: {p.description}\n{rows}"
+
+
+def _role_rule(role: str, how: str, cfg: CacheConfig, group_size: int, seed: int | None) -> Rule:
+    is_role: Callable[[torch.Tensor], bool] = lambda t: current_role(t) == role  # noqa: E731
+    if how == KEPT:
+        return Rule(f"{role}:{KEPT}", is_role)
+    if how == "sparse":
+        codec = registry.get("sparse")
+        return Rule(f"{role}:sparse", lambda t: is_role(t) and zero_fraction(t) >= cfg.min_zero_fraction, codec)
+    if how.startswith("quant"):
+        bits_s, rounding_s = how[len("quant"):].split("-")
+        bits = int(bits_s)
+        if role == NONLINEAR_INPUT and bits < MIN_NONLINEAR_BITS:
+            raise ConfigError(f"nonlinear inputs must keep at least {MIN_NONLINEAR_BITS} bits, got {how!r}")
+        rounding = {"sr": "stochastic", "rn": "nearest"}[rounding_s]
+        codec = registry.get("quant", bits=bits, group_size=group_size, rounding=rounding, seed=seed, check=False)
+        return Rule(f"{role}:quant{bits}", is_role, codec)
+    raise ConfigError(f"unknown treatment {how!r} for role {role!r}")
+
+
+def preset_rules(
+    name: str = "balanced",
+    *,
+    min_bytes: int = DEFAULT_MIN_BYTES,
+    min_zero_fraction: float = 0.3,
+    group_size: int = 128,
+    seed: int | None = None,
+) -> list[Rule]:
+    """The rules of preset ``name`` (see :data:`PRESETS` and the module docstring's table).
+
+    Args:
+      min_bytes: tensors smaller than this are kept (``small``).
+      min_zero_fraction: a relu output (or, for ``lossless``, any tensor) goes to the sparse codec from this
+        fraction of zeros on.
+      group_size: elements per quantization group.
+      seed: seed of the quant codecs' stochastic rounding (``None`` means 0).
+
+    Unknown names raise :class:`~actzip.core.errors.ConfigError` listing the presets.
+    """
+    preset = _get(name)
+    cfg = CacheConfig(min_bytes=min_bytes, min_zero_fraction=min_zero_fraction)
+    if not preset.treatments:
+        return default_rules(cfg)
+    probe = registry.get("quant")  # float dtypes, strided, dense: what every lossy rule needs
+
+    def nbytes(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+
+    rules = [
+        Rule("leaf", is_leaf_storage),
+        Rule("unsupported", lambda t: probe.supports(t) is not None),
+        Rule("small", lambda t: nbytes(t) < cfg.min_bytes),
+    ]
+    rules += [_role_rule(role, how, cfg, group_size, seed) for role, how in preset.treatments.items()]
+    # A relu output that is not sparse enough (or a role not in the table) is kept under an honest name.
+    rules.append(Rule(f"{RELU_OUTPUT}:{KEPT}", lambda t: current_role(t) == RELU_OUTPUT))
+    rules.append(Rule(KEPT, lambda t: True))
+    return rules
+
+
+@contextmanager
+def compressed(
+    preset: str = "balanced",
+    *,
+    min_bytes: int = DEFAULT_MIN_BYTES,
+    dedup: bool = True,
+    **options,
+) -> Iterator[ActivationCache]:
+    """Enter a :class:`RoleTracker` and an :class:`ActivationCache` with :func:`preset_rules`; yield the cache.
+
+    ``options`` go to :func:`preset_rules` (``min_zero_fraction``, ``group_size``, ``seed``). Run backward
+    after the block; ``cache.last`` is the block's account.
+    """
+    rules = preset_rules(preset, min_bytes=min_bytes, **options)
+    cache = ActivationCache(CacheConfig(min_bytes=min_bytes, dedup=dedup), rules=rules)
+    with RoleTracker(), cache:
+        yield cache
