@@ -135,6 +135,43 @@ def _bench_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_presets(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from actzip.bench.presets import PresetBenchConfig, plot, run_presets
+
+    fields = {k: v for k, v in vars(args).items() if k in PresetBenchConfig.__dataclass_fields__ and v is not None}
+    if "presets" in fields:
+        fields["presets"] = tuple(fields["presets"].split(","))
+    cfg = PresetBenchConfig(**fields)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    console = Console()
+    with Progress(transient=True) as bar:
+        task = bar.add_task("training", total=cfg.steps * len(cfg.presets))
+        record = run_presets(cfg, device, progress=lambda name, step: bar.update(task, advance=1, description=name))
+    record["command"] = " ".join(["actzip", *args.argv])
+    t = Table(title=f"{cfg.model} {cfg.activation} GPT, {cfg.steps} steps per preset, {device}")
+    for col in ("preset", "saved B/token", "vs lossless", "final train loss", "val loss", "val gap", "step ms"):
+        t.add_column(col, justify="left" if col == "preset" else "right")
+    ref = record["runs"][0]
+    for r in record["runs"]:
+        t.add_row(r["preset"], f"{r['saved_bytes_per_token']:,.0f}",
+                  f"{r['saved_bytes_per_token'] / ref['saved_bytes_per_token'] - 1:+.1%}", f"{r['final_train_loss']:.4f}",
+                  f"{r['val_loss']:.4f}", f"{r['val_loss_gap']:+.2%}", f"{r['step_time_s'] * 1e3:.1f}")
+    console.print(t)
+    _write_json(record, args.json, console)
+    if args.json:
+        png = Path(args.json).with_suffix(".png")
+        plot(record, png)
+        console.print(f"wrote {png}")
+    return 0
+
+
 def _write_json(record: dict, path: str | None, console) -> None:
     import json
     from pathlib import Path
@@ -203,6 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--numel", type=int, help="elements per tensor (default 2**28)")
     kb.add_argument("--json", metavar="PATH")
     kb.set_defaults(func=_bench_kernels)
+    pb = bsub.add_parser("presets", help="loss curves of the activation-cache presets on the reference GPT")
+    pb.add_argument("--model", help="GPT preset (default tiny)")
+    pb.add_argument("--activation", choices=["relu", "relu2", "gelu"])
+    pb.add_argument("--presets", help="comma-separated (default lossless,conservative,balanced,aggressive)")
+    pb.add_argument("--steps", type=int)
+    pb.add_argument("--batch-size", type=int, dest="batch_size")
+    pb.add_argument("--device")
+    pb.add_argument("--json", metavar="PATH", help="also writes PATH with .png: the loss curves")
+    pb.set_defaults(func=_bench_presets)
     bb = bsub.add_parser("bits", help="codec bits per element vs the entropy bound on a trained ReLU² GPT")
     bb.add_argument("--preset")
     bb.add_argument("--steps", type=int)

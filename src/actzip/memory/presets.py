@@ -199,6 +199,10 @@ def compressed(
 
     ``options`` go to :func:`preset_rules` (``min_zero_fraction``, ``group_size``, ``seed``). Run backward
     after the block; ``cache.last`` is the block's account.
+
+    Each call builds fresh codecs, whose stochastic rounding restarts from the same seed. In a training loop
+    build the cache once (``ActivationCache(rules=preset_rules(name))``) and enter ``RoleTracker()`` and it
+    every step, so the rounding noise is drawn anew each step instead of repeating.
     """
     rules = preset_rules(preset, min_bytes=min_bytes, **options)
     cache = ActivationCache(CacheConfig(min_bytes=min_bytes, dedup=dedup), rules=rules)

@@ -1,0 +1,116 @@
+"""Loss curves of the activation-cache presets: the same GPT, weights and batches under each preset.
+
+Trains the reference GPT from the same initial weights on the same batches of the embedded corpus once per
+preset (``lossless``, ``conservative``, ``balanced``, ``aggressive``), recording the training loss, the
+validation loss at the end, the bytes the cache kept per token, and the step time. The final-loss gap to
+``lossless`` (which is bit-identical to no compression) is the price of each lossy preset.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from actzip.data import Corpus
+from actzip.memory import ActivationCache, RoleTracker, preset_rules
+from actzip.models import GPT, GPTConfig
+
+
+@dataclass
+class PresetBenchConfig:
+    model: str = "tiny"  # GPTConfig preset
+    activation: str = "gelu"  # GELU exercises the nonlinear-input rules; relu2 the sparse ones
+    presets: tuple[str, ...] = ("lossless", "conservative", "balanced", "aggressive")
+    steps: int = 2000
+    batch_size: int = 16
+    lr: float = 1e-3
+    min_bytes: int = 0  # compress every tensor the rules select, however small (tiny models have small tensors)
+    corpus_bytes: int = 4_000_000
+    eval_batches: int = 8
+    log_every: int = 10  # keep every n-th training loss in the record
+
+
+def _val_loss(model: GPT, corpus: Corpus, cfg: PresetBenchConfig, device) -> float:
+    g = torch.Generator().manual_seed(1234)
+    losses = []
+    model.eval()
+    with torch.no_grad():
+        for _ in range(cfg.eval_batches):
+            x, y = corpus.get_batch("val", cfg.batch_size, model.config.block_size, generator=g, device=device)
+            losses.append(float(model(x, y)[1]))
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> dict:
+    from actzip.bench.harness import machine_record
+
+    corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
+    torch.manual_seed(0)
+    base = GPT(GPTConfig.preset(cfg.model, activation=cfg.activation)).to(device)
+    init = {k: v.clone() for k, v in base.state_dict().items()}
+    tokens = cfg.batch_size * base.config.block_size
+    runs = []
+    for name in cfg.presets:
+        base.load_state_dict(init)
+        opt = base.configure_optimizer(lr=cfg.lr)
+        cache = ActivationCache(rules=preset_rules(name, min_bytes=cfg.min_bytes))  # built once: fresh noise each step
+        g = torch.Generator().manual_seed(0)
+        losses, times, kept, before = [], [], [], []
+        for step in range(cfg.steps):
+            x, y = corpus.get_batch("train", cfg.batch_size, base.config.block_size, generator=g, device=device)
+            t0 = time.perf_counter()
+            with RoleTracker(), cache:
+                _, loss = base(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+            losses.append(float(loss.detach()))
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                kept.append(cache.last.bytes_after)
+                before.append(cache.last.bytes_before)
+            cache.history.clear()
+            if progress is not None:
+                progress(name, step)
+        tail = losses[-50:]
+        runs.append({
+            "preset": name,
+            "final_train_loss": sum(tail) / len(tail),
+            "val_loss": _val_loss(base, corpus, cfg, device),
+            "saved_bytes_per_token": statistics.fmean(kept) / tokens,
+            "dense_bytes_per_token": statistics.fmean(before) / tokens,
+            "step_time_s": statistics.median(times[5:]) if len(times) > 5 else statistics.median(times),
+            "train_loss": losses[:: cfg.log_every],
+        })
+    ref = next((r for r in runs if r["preset"] == "lossless"), runs[0])
+    for r in runs:
+        r["val_loss_gap"] = r["val_loss"] / ref["val_loss"] - 1
+        r["train_loss_gap"] = r["final_train_loss"] / ref["final_train_loss"] - 1
+    return {"config": asdict(cfg), "tokens_per_step": tokens, "runs": runs, "machine": machine_record(device)}
+
+
+def plot(record: dict, path) -> None:
+    """Training-loss curves of every preset, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    every = record["config"]["log_every"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in record["runs"]:
+        xs = [i * every for i in range(len(r["train_loss"]))]
+        ax.plot(xs, r["train_loss"], label=f"{r['preset']} (val gap {r['val_loss_gap']:+.2%})", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"{record['config']['model']} {record['config']['activation']} GPT: activation-cache presets")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
