@@ -153,6 +153,30 @@ def _bits_section(path: Path, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _presets_section(path: Path, root: Path) -> str:
+    rec = json.loads(path.read_text())
+    c = rec["config"]
+    png = path.with_suffix(".png")
+    lines = [
+        f"\n## Activation-cache presets: loss at equal steps ({c['model']} {c['activation']} GPT)\n",
+        f"Same initial weights and batches for every preset, {c['steps']} steps of {rec['tokens_per_step']} tokens, "
+        "AdamW; `lossless` is bit-identical to no compression. Saved bytes per token are what the cache kept "
+        "(parameters and inputs excluded); the gap is relative to `lossless`.\n",
+        _provenance(rec, path, root) + "\n",
+        "| preset | saved B/token | vs lossless | final train loss | train gap | val loss | val gap | step ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    ref = rec["runs"][0]
+    for r in rec["runs"]:
+        lines.append(f"| {r['preset']} | {r['saved_bytes_per_token']:,.0f} | "
+                     f"{r['saved_bytes_per_token'] / ref['saved_bytes_per_token'] - 1:+.1%} | "
+                     f"{r['final_train_loss']:.4f} | {r['train_loss_gap']:+.2%} | {r['val_loss']:.4f} | "
+                     f"{r['val_loss_gap']:+.2%} | {r['step_time_s'] * 1e3:.1f} |")
+    if png.exists():
+        lines.append(f"\n![loss curves]({Path('..') / png.relative_to(root)})")
+    return "\n".join(lines) + "\n"
+
+
 def build(root: Path) -> str:
     out = [HEADER]
     sections = [("kernels.json", _kernels_section), ("ffn.json", _ffn_section), ("gpt.json", _gpt_section),
@@ -161,6 +185,7 @@ def build(root: Path) -> str:
         for name, fn in sections:
             if (machine_dir / name).exists():
                 out.append(fn(machine_dir / name, root))
+        out.extend(_presets_section(p, root) for p in sorted(machine_dir.glob("presets*.json")))
     demos = sorted((root / "results" / "demo").glob("*.json"))
     if demos:
         out.append(DEMO_NOTE)
