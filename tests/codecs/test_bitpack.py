@@ -50,3 +50,12 @@ def test_bits_full_width_signed_reads_back_twos_complement():
 def test_bits_stream_layout():
     # Two 3-bit values 0b101 and 0b011 -> stream bits 1,0,1,1,1,0 -> byte 0b00011101.
     assert pack_bits(torch.tensor([5, 3]), 3).tolist() == [0b00011101]
+
+
+def test_narrow_widths_keep_the_stream_layout():
+    # Widths dividing a byte take a vectorized path; the layout must be the general one.
+    assert pack_bits(torch.tensor([1, 2, 3, 0]), 2).tolist() == [1 | 2 << 2 | 3 << 4]
+    v = torch.randint(0, 16, (63,))
+    fast = pack_bits(torch.cat([v, v[:1]]), 4)  # 64 values: the vectorized path
+    slow = pack_bits(v, 4)  # 63 values: the general path
+    assert torch.equal(fast[:31], slow[:31])

@@ -46,6 +46,8 @@ def pack_bits(values: torch.Tensor, width: int) -> torch.Tensor:
     if not 1 <= width <= 64:
         raise ValueError(f"width must be in 1..64, got {width}")
     n = values.numel()
+    if width in _NARROW and n % (8 // width) == 0:
+        return _pack_narrow(values, width)
     nbytes = (n * width + 7) // 8
     out = torch.empty(nbytes, dtype=torch.uint8, device=values.device)
     wide = torch.int64 if width > 31 else torch.int32
@@ -65,6 +67,8 @@ def pack_bits(values: torch.Tensor, width: int) -> torch.Tensor:
 
 def unpack_bits(packed: torch.Tensor, n: int, width: int, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`pack_bits`: ``n`` values of ``width`` bits, returned as ``dtype``."""
+    if width in _NARROW and n % (8 // width) == 0:
+        return _unpack_narrow(packed, width)[:n].to(dtype)
     wide = torch.int64 if width > 31 else torch.int32
     shifts = torch.arange(width, dtype=wide, device=packed.device)
     out = torch.empty(n, dtype=dtype, device=packed.device)
@@ -77,6 +81,27 @@ def unpack_bits(packed: torch.Tensor, n: int, width: int, dtype: torch.dtype) ->
         # Values of the full width of a signed dtype come back in two's complement: view, not cast.
         out[start : start + m] = _to_dtype_bits(v, dtype, width)
     return out
+
+
+# Widths that divide a byte: packed in one vectorized step, without a bit-per-element temporary.
+_NARROW = (1, 2, 4, 8)
+
+
+def _pack_narrow(values: torch.Tensor, width: int) -> torch.Tensor:
+    codes = (values & ((1 << width) - 1)).to(torch.uint8)
+    if width == 8:
+        return codes.reshape(-1)
+    per = 8 // width
+    shifts = torch.arange(0, 8, width, dtype=torch.uint8, device=values.device)
+    # Disjoint bit fields: the uint8 sum is an exact bitwise OR.
+    return (codes.reshape(-1, per) << shifts).sum(dim=1, dtype=torch.uint8)
+
+
+def _unpack_narrow(packed: torch.Tensor, width: int) -> torch.Tensor:
+    if width == 8:
+        return packed.reshape(-1)
+    shifts = torch.arange(0, 8, width, dtype=torch.uint8, device=packed.device)
+    return ((packed.unsqueeze(1) >> shifts) & ((1 << width) - 1)).reshape(-1)
 
 
 def _to_dtype_bits(v: torch.Tensor, dtype: torch.dtype, width: int) -> torch.Tensor:

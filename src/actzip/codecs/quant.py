@@ -44,6 +44,7 @@ import math
 import torch
 
 from actzip.codecs.base import Codec
+from actzip.codecs.bitpack import pack_bits, unpack_bits
 from actzip.codecs.sparse import memory_order, restore_order
 from actzip.core.errors import ConfigError, InvalidValueError
 from actzip.core.payload import Payload
@@ -142,24 +143,6 @@ class _StochasticCodec(Codec):
         return Payload(self.name, x.shape, x.dtype, x.device, buffers=buffers, meta=meta)
 
 
-def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack uint8 codes below ``2**bits`` (``bits`` in 1, 2, 4, 8; count a multiple of 8) into bytes."""
-    if bits == 8:
-        return codes.reshape(-1)
-    per = 8 // bits
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)
-    # Disjoint bit fields: the uint8 sum is an exact bitwise OR.
-    return (codes.reshape(-1, per) << shifts).sum(dim=1, dtype=torch.uint8)
-
-
-def _unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """Inverse of :func:`_pack`: every code, as uint8."""
-    if bits == 8:
-        return packed
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
-    return ((packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)).reshape(-1)
-
-
 @register_codec("quant")
 class QuantCodec(_StochasticCodec):
     """Per-group ``bits``-bit quantization. See the module docstring for the format.
@@ -250,7 +233,7 @@ class QuantCodec(_StochasticCodec):
         if not self.check_values:
             q = q.nan_to_num_(0.0)  # codes of non-finite groups are don't-cares; keep them deterministic
             param = torch.where(ok, param, torch.nan)
-        buffers = {"codes": _pack(q.to(torch.uint8), self.bits)}
+        buffers = {"codes": pack_bits(q.to(torch.uint8), self.bits)}
         if self.scale == "minmax":
             buffers["lo"] = lo
             buffers["span"] = param
@@ -262,7 +245,8 @@ class QuantCodec(_StochasticCodec):
         p = self._own(payload)
         bits, group_size, scale = p.meta["bits"], p.meta["group_size"], p.meta["scale"]
         work = _work_dtype(p.dtype)
-        q = _unpack(p.buffers["codes"], bits).view(-1, group_size).to(work)
+        codes = p.buffers["codes"]
+        q = unpack_bits(codes, codes.numel() * 8 // bits, bits, torch.uint8).view(-1, group_size).to(work)
         if scale == "minmax":
             q.div_((1 << bits) - 1)  # exactly 1 at the top code, so the maximum comes back as lo + span
             y = torch.addcmul(p.buffers["lo"].unsqueeze(1), p.buffers["span"].unsqueeze(1), q)
