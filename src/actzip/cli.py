@@ -8,18 +8,40 @@ import sys
 from actzip.core.errors import ActzipError
 
 
+# Options given as comma-separated lists on the command line, and the type of their items.
+_LIST_OPTIONS = {"strategies": str, "seq_lens": int, "presets": str}
+
+
+def _config(cls, args: argparse.Namespace):
+    """A config dataclass from the options the user gave (the others keep the dataclass defaults)."""
+    fields = {k: v for k, v in vars(args).items() if k in cls.__dataclass_fields__ and v is not None}
+    for key, item in _LIST_OPTIONS.items():
+        if isinstance(fields.get(key), str):
+            fields[key] = tuple(item(p) for p in fields[key].split(","))
+    return cls(**fields)
+
+
+def _device(args: argparse.Namespace):
+    import torch
+
+    return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _command(args: argparse.Namespace) -> str:
+    return " ".join(["actzip", *args.argv])
+
+
 def _demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from actzip.bench.demo import DemoConfig, render, run_demo, write_json
 
-    fields = {k: v for k, v in vars(args).items() if k in DemoConfig.__dataclass_fields__ and v is not None}
-    cfg = DemoConfig(**fields)
+    cfg = _config(DemoConfig, args)
     console = Console()
     console.print(f"[bold]actzip demo[/]: {cfg.steps} steps of a {cfg.activation} GPT ({cfg.preset}), strategies "
                   f"{', '.join(cfg.strategies)}")
     result = run_demo(cfg, progress=not args.no_progress)
-    result["command"] = " ".join(["actzip", *args.argv])
+    result["command"] = _command(args)
     console.print(render(result))
     if args.json:
         write_json(result, args.json)
@@ -28,22 +50,18 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench_ffn(args: argparse.Namespace) -> int:
-    import torch
     from rich.console import Console
     from rich.table import Table
 
     from actzip.bench.ffn import FFNBenchConfig, run_ffn
 
-    fields = {k: v for k, v in vars(args).items() if k in FFNBenchConfig.__dataclass_fields__ and v is not None}
-    if "strategies" in fields:
-        fields["strategies"] = tuple(fields["strategies"].split(","))
-    cfg = FFNBenchConfig(**fields)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = _config(FFNBenchConfig, args)
+    device = _device(args)
     console = Console()
     console.print(f"[bold]FFN stack[/]: {cfg.n_blocks} blocks, d={cfg.d}, hidden={cfg.hidden}, rows={cfg.rows}, "
                   f"{cfg.dtype}, density {cfg.density}, on {device}")
     record = run_ffn(cfg, device)
-    record["command"] = " ".join(["actzip", *args.argv])
+    record["command"] = _command(args)
     t = Table(title=f"measured density {record['density']:.3f}")
     for col in ("strategy", "median ms", "vs none", "peak GiB", "vs none", "max|Δgrad|"):
         t.add_column(col, justify="left" if col == "strategy" else "right")
@@ -58,22 +76,16 @@ def _bench_ffn(args: argparse.Namespace) -> int:
 
 
 def _bench_gpt(args: argparse.Namespace) -> int:
-    import torch
     from rich.console import Console
     from rich.table import Table
 
     from actzip.bench.gpt_memory import GPTBenchConfig, run_gpt
 
-    fields = {k: v for k, v in vars(args).items() if k in GPTBenchConfig.__dataclass_fields__ and v is not None}
-    for key in ("strategies", "seq_lens"):
-        if key in fields:
-            parts = fields[key].split(",")
-            fields[key] = tuple(int(p) for p in parts) if key == "seq_lens" else tuple(parts)
-    cfg = GPTBenchConfig(**fields)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = _config(GPTBenchConfig, args)
+    device = _device(args)
     console = Console()
     record = run_gpt(cfg, device)
-    record["command"] = " ".join(["actzip", *args.argv])
+    record["command"] = _command(args)
     t = Table(title=f"reference GPT ({cfg.preset}, {cfg.dtype}), {cfg.tokens_per_step} tokens/step, {device}")
     for col in ("seq", "strategy", "median ms", "vs none", "peak KiB/token", "vs none"):
         t.add_column(col, justify="left" if col == "strategy" else "right")
@@ -87,18 +99,16 @@ def _bench_gpt(args: argparse.Namespace) -> int:
 
 
 def _bench_bits(args: argparse.Namespace) -> int:
-    import torch
     from rich.console import Console
     from rich.table import Table
 
     from actzip.bench.bits import BitsBenchConfig, run_bits
 
-    fields = {k: v for k, v in vars(args).items() if k in BitsBenchConfig.__dataclass_fields__ and v is not None}
-    cfg = BitsBenchConfig(**fields)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = _config(BitsBenchConfig, args)
+    device = _device(args)
     console = Console()
     record = run_bits(cfg, device)
-    record["command"] = " ".join(["actzip", *args.argv])
+    record["command"] = _command(args)
     t = Table(title=f"bits/element on relu(h) of a {cfg.preset} ReLU² GPT after {cfg.steps} steps ({cfg.dtype})")
     for col in ("layer", "density", "bound", "codec", "bound (sign)", "codec (sign)", "codec/bound (sign)"):
         t.add_column(col, justify="right")
@@ -123,7 +133,7 @@ def _bench_kernels(args: argparse.Namespace) -> int:
     cfg = KernelBenchConfig(**({"numel": args.numel} if args.numel else {}))
     console = Console()
     record = run_kernels(cfg, torch.device("cuda"))
-    record["command"] = " ".join(["actzip", *args.argv])
+    record["command"] = _command(args)
     t = Table(title=f"sparse kernels, {cfg.numel:,} elements; copy bandwidth {record['copy_bandwidth'] / 1e12:.2f} TB/s")
     for col in ("dtype", "density", "sign", "exact", "encode ms", "enc % copy", "decode ms", "dec % copy"):
         t.add_column(col, justify="right")
@@ -138,23 +148,19 @@ def _bench_kernels(args: argparse.Namespace) -> int:
 def _bench_presets(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import torch
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     from actzip.bench.presets import PresetBenchConfig, plot, run_presets
 
-    fields = {k: v for k, v in vars(args).items() if k in PresetBenchConfig.__dataclass_fields__ and v is not None}
-    if "presets" in fields:
-        fields["presets"] = tuple(fields["presets"].split(","))
-    cfg = PresetBenchConfig(**fields)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = _config(PresetBenchConfig, args)
+    device = _device(args)
     console = Console()
     with Progress(transient=True) as bar:
         task = bar.add_task("training", total=cfg.steps * len(cfg.presets))
         record = run_presets(cfg, device, progress=lambda name, step: bar.update(task, advance=1, description=name))
-    record["command"] = " ".join(["actzip", *args.argv])
+    record["command"] = _command(args)
     t = Table(title=f"{cfg.model} {cfg.activation} GPT, {cfg.steps} steps per preset, {device}")
     for col in ("preset", "saved B/token", "vs lossless", "final train loss", "val loss", "val gap", "step ms"):
         t.add_column(col, justify="left" if col == "preset" else "right")

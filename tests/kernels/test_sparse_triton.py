@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'actzip[triton]')")
 
 from actzip.codecs.bitpack import pack_bool, pack_tile_words, tile_words  # noqa: E402
-from actzip.codecs.sparse import SparseCodec, memory_order  # noqa: E402
+from actzip.codecs.sparse import SparseCodec  # noqa: E402
 from actzip.core.dtypes import bit_view_dtype  # noqa: E402
 from actzip.core.errors import ConfigError, InvalidValueError  # noqa: E402
 from actzip.kernels import runtime  # noqa: E402

@@ -7,7 +7,7 @@ import torch
 
 import actzip
 from actzip.core.errors import ConfigError
-from actzip.memory import ActivationCache, CacheConfig, SparseGatedReLUMLP, SparseMLPConfig, SparseReLUMLP, compress_
+from actzip.memory import ActivationCache, SparseGatedReLUMLP, SparseMLPConfig, SparseReLUMLP, compress_
 from actzip.models import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
