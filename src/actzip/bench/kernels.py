@@ -1,9 +1,11 @@
 """Sparse-codec kernel throughput as a fraction of the device's measured copy bandwidth.
 
-For each dtype, density and packing: the encode (count pass, device scan, compact pass into a preallocated
-buffer: the arena path, no host synchronization) and the decode, timed with ``triton.testing.do_bench``
+For each dtype, density and packing: the two-pass encode (count pass, device scan, compact pass into a
+preallocated buffer), the single-pass encode (decoupled look-back; what the fused MLPs use, also for 16-bit
+floats the fused variant that applies the ReLU and writes relu(h)² as it encodes) and the decode, timed with ``triton.testing.do_bench``
 (median). Throughput counts the fewest bytes each must move: encode reads the tensor and writes the payload,
-decode reads the payload and writes the tensor. The copy bandwidth (bytes read + written by a large
+decode reads the payload and writes the tensor; the fused ReLU encode reads h and writes relu(h)² and the
+payload. The copy bandwidth (bytes read + written by a large
 device-to-device copy) is measured in the same run.
 """
 
@@ -35,6 +37,7 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
     import triton.testing
 
     from actzip.bench.harness import copy_bandwidth, machine_record
+    from actzip.kernels import sparse_encode_triton as E
     from actzip.kernels import sparse_triton as K
 
     bw = copy_bandwidth(device)
@@ -54,13 +57,35 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
                 def enc():
                     K.compress(bits, n, cfg.tile_size, sign_pack, values=values)
 
+                one_pass = torch.empty(E.values_capacity(n, cfg.tile_size, dtype, sign_pack), dtype=values.dtype,
+                                       device=device)
+
+                def enc1():
+                    E.encode(x, cfg.tile_size, sign_pack, values=one_pass)
+
                 def dec():
                     K.decompress(c.mask, c.tile_offsets, c.values, n, dtype, cfg.tile_size, sign_pack)
 
                 out = K.decompress(c.mask, c.tile_offsets, c.values, n, dtype, cfg.tile_size, sign_pack)
-                exact = bool(torch.equal(out, bits))
-                t_enc = triton.testing.do_bench(enc, warmup=50, rep=300, return_mode="median") / 1e3
-                t_dec = triton.testing.do_bench(dec, warmup=50, rep=300, return_mode="median") / 1e3
+                e1 = E.encode(x, cfg.tile_size, sign_pack, values=one_pass)
+                exact = bool(torch.equal(out, bits)) and bool(torch.equal(one_pass[: c.values.numel()], c.values))
+                exact = exact and bool(torch.equal(e1.mask, c.mask) and torch.equal(e1.tile_offsets, c.tile_offsets))
+                relu_row = {}
+                if x.element_size() == 2 and not sign_pack:
+                    h = torch.where(x != 0, x, -x.abs() - 1)  # same density; negatives where x is zero
+
+                    def enc_relu():
+                        E.encode(h, cfg.tile_size, False, relu=True, act="relu2", values=one_pass)
+
+                    t_relu = triton.testing.do_bench(enc_relu, warmup=50, rep=300, return_mode="median") / 1e3
+                    moved_relu = 2 * dense + payload
+                    relu_row = {"encode_relu2_s": t_relu, "encode_relu2_frac_copy": moved_relu / t_relu / bw}
+                timed = {}
+                for _ in range(2):  # interleaved: each variant twice, the best median kept
+                    for key, fn in (("enc", enc), ("enc1", enc1), ("dec", dec)):
+                        t = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") / 1e3
+                        timed[key] = min(t, timed.get(key, t))
+                t_enc, t_enc1, t_dec = timed["enc"], timed["enc1"], timed["dec"]
                 moved = dense + payload
                 rows.append({
                     "dtype": dname, "density": density, "sign_pack": sign_pack, "numel": n, "exact": exact,
@@ -68,7 +93,9 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
                     "encode_s": t_enc, "decode_s": t_dec,
                     "encode_bw": moved / t_enc, "decode_bw": moved / t_dec,
                     "encode_frac_copy": moved / t_enc / bw, "decode_frac_copy": moved / t_dec / bw,
+                    "encode_single_pass_s": t_enc1, "encode_single_pass_frac_copy": moved / t_enc1 / bw,
+                    **relu_row,
                 })
-                del values, c, out
+                del values, c, out, one_pass, e1
             del x, bits
     return {"config": asdict(cfg), "copy_bandwidth": bw, "runs": rows, "machine": machine_record(device)}

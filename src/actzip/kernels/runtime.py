@@ -24,7 +24,7 @@ import torch
 
 from actzip.core.errors import ConfigError
 
-_KERNEL_MODULES = ("actzip.kernels.sparse_triton",)
+_KERNEL_MODULES = ("actzip.kernels.sparse_triton", "actzip.kernels.quant_triton")
 _TRUE = {"1", "true", "on", "yes"}
 
 

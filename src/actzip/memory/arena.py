@@ -31,11 +31,11 @@ class Reservation:
     __slots__ = ("start", "ok", "_host_ok", "_event")
 
     def __init__(self, start: torch.Tensor, ok: torch.Tensor) -> None:
-        self.start, self.ok = start, ok
+        self.start, self.ok = start, ok  # ok: bool, or an integer that is 1 if granted
         self._host_ok = None
         self._event = None
         if ok.is_cuda:
-            self._host_ok = torch.empty(1, dtype=torch.bool, pin_memory=True)
+            self._host_ok = torch.empty(1, dtype=ok.dtype, pin_memory=True)
             self._host_ok.copy_(ok.view(1), non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record()
@@ -59,10 +59,11 @@ class Arena:
             raise ConfigError(f"Arena: capacity_bytes must be >= 0, got {capacity_bytes!r}")
         self.device = torch.device(device)
         self.margin = margin
-        self._cursor = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self._high_water = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self._overflows = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self._wanted = torch.zeros(1, dtype=torch.int64, device=self.device)  # bytes asked for, granted or not
+        # [cursor, wanted, high_water, overflows] in one tensor, so that a kernel can update them all
+        # (actzip.kernels.sparse_encode_triton reserves inside the encoder). wanted: bytes asked for this step,
+        # granted or not; high_water: most wanted in one step; overflows: refusals since creation.
+        self.counters = torch.zeros(4, dtype=torch.int64, device=self.device)
+        self._cursor, self._wanted, self._high_water, self._overflows = (self.counters[i:i + 1] for i in range(4))
         self.buffer = torch.empty(0, dtype=torch.uint8, device=self.device)
         if capacity_bytes:
             self.buffer = torch.empty(_aligned(capacity_bytes), dtype=torch.uint8, device=self.device)
@@ -89,8 +90,7 @@ class Arena:
 
     def reset(self) -> None:
         """Start a new step: every earlier reservation is released (device operations only)."""
-        self._cursor.zero_()
-        self._wanted.zero_()
+        self.counters[:2].zero_()
 
     # -- between steps (these synchronize) -------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from actzip.core.dtypes import bit_view_dtype
 from actzip.core import registry
 from actzip.core.errors import ConfigError
 from actzip.core.payload import Payload
-from actzip.memory.arena import Arena
+from actzip.memory.arena import Arena, Reservation
 from actzip.memory.saved import current_cache, record_external
 
 
@@ -92,29 +92,25 @@ def relu_grad_from_payload(grad: torch.Tensor, payload: Payload, codec: Codec, s
     return relu_grad_dense(grad, codec.decode(payload), square)
 
 
-def encode_into_arena(r: torch.Tensor, codec: "SparseCodec", arena: Arena) -> tuple[Payload, torch.Tensor]:
-    """Encode ``r`` with its values in ``arena``, without a host synchronization.
+def encode_into_arena(
+    h: torch.Tensor, codec: "SparseCodec", arena: Arena, square: bool
+) -> tuple[Payload, torch.Tensor, torch.Tensor]:
+    """Encode ``relu(h)`` with its values in ``arena`` in one pass over ``h``, without a host synchronization.
 
-    Returns the payload and its stored size in bytes as a device tensor. The payload's ``reservation`` says
-    (from backward on) whether the arena had room; if not, nothing was written and the caller recomputes.
+    Returns the payload, its stored size in bytes (a device tensor) and the activation ``relu(h)`` or
+    ``relu(h)²`` the forward pass goes on with (written by the same kernel). The payload's ``reservation`` says
+    (from backward on) whether the arena had room; if not, no value was written and the caller recomputes.
     """
-    from actzip.kernels import sparse_triton
+    from actzip.kernels import sparse_encode_triton
 
-    r = r.contiguous()
-    bits = r.view(-1).view(bit_view_dtype(r.dtype))
-    n, tile, sign_pack = bits.numel(), codec.tile_size, codec.sign_pack
-    c = sparse_triton.count(bits, n, tile, sign_pack)
-    elem = 4 if sign_pack else bits.element_size()
-    res = arena.reserve(c.total * elem)
-    start = res.start // elem  # reservations are 16-byte aligned: a whole number of elements
-    buffer = arena.buffer
-    values = buffer.view(torch.int32 if sign_pack else bits.dtype)
-    sparse_triton.compact(bits, n, c, values, tile, sign_pack, values_offset=start, ok=res.ok)
-    meta = {"nnz": None, "perm": None, "tile_size": tile, "sign_pack": sign_pack, "values_buffer": buffer,
-            "values_offset": start, "reservation": res}
-    payload = Payload(codec.name, r.shape, r.dtype, r.device, {"mask": c.mask, "tile_offsets": c.tile_offsets}, meta)
-    stored = c.total * elem + c.mask.numel() + 4 * c.tile_offsets.numel()
-    return payload, stored
+    tile, sign_pack = codec.tile_size, codec.sign_pack
+    e = sparse_encode_triton.encode(h, tile, sign_pack, relu=True, act="relu2" if square else "relu", arena=arena)
+    elem = 4 if sign_pack else h.element_size()
+    meta = {"nnz": None, "perm": None, "tile_size": tile, "sign_pack": sign_pack, "values_buffer": arena.buffer,
+            "values_offset": e.start, "reservation": Reservation(e.start, e.ok)}
+    payload = Payload(codec.name, h.shape, h.dtype, h.device, {"mask": e.mask, "tile_offsets": e.tile_offsets}, meta)
+    stored = e.total * elem + e.mask.numel() + 4 * e.tile_offsets.numel()
+    return payload, stored, e.act
 
 
 _overflows = 0  # arena refusals met in backward (each one recomputed relu(up(x)))
@@ -147,18 +143,19 @@ class SparseReLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, codec: Codec, square: bool, name: str, arena, recompute):
-        r = torch.relu(h)
         if arena is not None:
-            payload, stored = encode_into_arena(r, codec, arena)
+            payload, stored, out = encode_into_arena(h, codec, arena, square)
         else:
+            r = torch.relu(h)
             payload = codec.encode(r, name=name)
             stored = payload.nbytes
+            out = r.square() if square else r
         ctx.keys = tuple(payload.buffers)
         ctx.skeleton = Payload(payload.codec, payload.shape, payload.dtype, payload.device, {}, payload.meta)
         ctx.save_for_backward(*payload.buffers.values())
         ctx.codec, ctx.square, ctx.recompute = codec, square, recompute
-        record_external("relu_mlp", r.numel() * r.element_size(), stored)
-        return r.square() if square else r
+        record_external("relu_mlp", h.numel() * h.element_size(), stored)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
