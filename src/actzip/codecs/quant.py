@@ -32,9 +32,22 @@ numbers. ``quant(scale="minmax")`` also needs ``max - min`` of each group to be 
 precision (values below half the largest float32, or float64, in magnitude always are); a group that
 overflows is refused, or becomes NaN, the same way.
 
-Stochastic rounding draws from a ``torch.Generator`` the codec keeps per device, seeded with ``seed`` (0 when
-``None``) and advanced by every encode; the global RNG is never touched, so compressing activations does not
-change a training run's randomness. A payload is reproducible for the same seed, device and call order.
+Stochastic rounding draws its uniforms from a counter-based generator, the same in the PyTorch code and in the
+Triton kernels (:mod:`actzip.kernels.quant_triton`), so both make identical payloads. Element ``i`` (its index in
+the padded group layout: group ``g``, position ``j``, ``i = g * group_size + j``) gets
+``u = (h >> 8) / 2**24`` with ``h = mix(mix(lo32(i) ^ k0) ^ hi32(i) ^ k1)``, where ``mix`` is the 32-bit
+integer hash of :func:`mix32` and ``(k0, k1)`` are two 32-bit keys that :func:`stream_keys` derives on the
+host from ``(seed, n)`` for the codec's ``n``-th stochastic encode (``seed=None`` means 0). No device RNG is
+used, no host synchronization is needed, and the global RNG is never touched, so compressing activations does
+not change a training run's randomness. A payload is reproducible for the same seed and call order, on any
+device.
+
+Implementations (option ``kernel``, as for the sparse codec): the PyTorch code in this module, which is the
+reference, and the Triton kernels, which make identical buffers for float32, float16 and bfloat16 tensors
+with groups of at most :data:`KERNEL_MAX_GROUP` elements. Both compute every step in the same IEEE float32
+operations (a division by a tensor, never by a Python number, which PyTorch on CUDA replaces by a
+multiplication with the reciprocal), store a +0.0 for a -0.0 group parameter, and write zero codes and NaN
+parameters for the groups of a non-finite input.
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ import torch
 
 from actzip.codecs.base import Codec
 from actzip.codecs.bitpack import pack_bits, unpack_bits
-from actzip.codecs.sparse import memory_order, restore_order
+from actzip.codecs.sparse import KERNELS, memory_order, restore_order
 from actzip.core.errors import ConfigError, InvalidValueError
 from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
@@ -57,6 +70,51 @@ ROUNDINGS = ("stochastic", "nearest")
 FP8_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 GRANULARITIES = ("tensor", "group")
 DEFAULT_GROUP_SIZE = 128
+KERNEL_MAX_GROUP = 4096  # largest group the Triton kernels take (one group must fit one program's registers)
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # dtypes the Triton kernels take
+
+# -- the counter-based generator of stochastic rounding (the Triton kernels compute the same numbers) --------
+
+HASH_M1, HASH_M2 = 0x21F0AAAD, 0x735A2D97  # multipliers of mix32 (both below 2**31: no int64 overflow here)
+_M32 = 0xFFFFFFFF
+_M64 = (1 << 64) - 1
+
+
+def stream_keys(seed: int, count: int) -> tuple[int, int]:
+    """The two 32-bit keys of the ``count``-th stochastic encode of a codec seeded with ``seed`` (splitmix64)."""
+    z = (seed * 0x9E3779B97F4A7C15 + count + 1) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    z ^= z >> 31
+    return z & _M32, z >> 32
+
+
+def mix32(h: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xorshift-multiply, two rounds), in place on an int64 tensor of values < 2**32."""
+    h ^= h >> 16
+    h.mul_(HASH_M1).bitwise_and_(_M32)
+    h ^= h >> 15
+    h.mul_(HASH_M2).bitwise_and_(_M32)
+    h ^= h >> 15
+    return h
+
+
+def hash_uniform(index: torch.Tensor, keys: tuple[int, int]) -> torch.Tensor:
+    """float32 uniforms in ``[0, 1)`` on the grid of ``2**-24``, one per int64 element ``index`` (see above)."""
+    h = mix32((index & _M32) ^ keys[0])
+    h ^= (index >> 32) ^ keys[1]
+    return (mix32(h) >> 8).to(torch.float32).mul_(2.0**-24)
+
+
+def _uniform_like(v: torch.Tensor, keys: tuple[int, int]) -> torch.Tensor:
+    """One uniform per element of ``v`` (the padded group layout), indexed in memory order."""
+    index = torch.arange(v.numel(), dtype=torch.int64, device=v.device).view(v.shape)
+    return hash_uniform(index, keys).to(v.dtype)
+
+
+def _divide(t: torch.Tensor, k: int) -> torch.Tensor:
+    """``t / k`` correctly rounded, in place: by a device tensor, which PyTorch does not turn into ``t * (1/k)``."""
+    return t.div_(torch.full((), k, dtype=t.dtype, device=t.device))
 
 
 def _choices(codec: str, option: str, value, valid) -> None:
@@ -99,29 +157,49 @@ class _StochasticCodec(Codec):
     unbiased = False  # set per instance from ``rounding``
     dtypes = LOSSY_DTYPES
 
-    def _init_common(self, rounding: str, seed, check: bool) -> None:
+    def _init_common(self, rounding: str, seed, check: bool, kernel: str) -> None:
         _choices(self.name, "rounding", rounding, ROUNDINGS)
         _check_seed(self.name, seed)
+        _choices(self.name, "kernel", kernel, KERNELS)
         self.rounding = rounding
         self.seed = seed
         self.check_values = bool(check)
+        self.kernel = kernel
         self.unbiased = rounding == "stochastic"
-        self._generators: dict[torch.device, torch.Generator] = {}
+        self._draws = 0  # stochastic encodes so far: the stream of the next one
 
-    def generator(self, device: torch.device) -> torch.Generator:
-        """This codec's generator for ``device`` (made on first use, seeded with ``seed`` or 0)."""
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        gen = self._generators.get(device)
-        if gen is None:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(0 if self.seed is None else self.seed)
-            self._generators[device] = gen
-        return gen
+    def _next_keys(self) -> tuple[int, int]:
+        """The keys of this encode's random stream (host-side counter: no device work, no synchronization)."""
+        if self.rounding != "stochastic":
+            return (0, 0)
+        keys = stream_keys(0 if self.seed is None else self.seed, self._draws)
+        self._draws += 1
+        return keys
 
-    def _uniform(self, like: torch.Tensor) -> torch.Tensor:
-        return torch.rand(like.shape, generator=self.generator(like.device), dtype=like.dtype, device=like.device)
+    def _kernel_problem(self, dtype: torch.dtype, group_size: int | None) -> str | None:
+        """Why the Triton kernels cannot encode/decode such a tensor, or ``None``."""
+        if dtype not in KERNEL_DTYPES:
+            return f"{dtype} has no Triton kernel (they take float32, float16 and bfloat16)"
+        if group_size is not None and group_size > KERNEL_MAX_GROUP:
+            return f"group_size={group_size} is above the kernels' largest group ({KERNEL_MAX_GROUP})"
+        return None
+
+    def uses_triton(self, device: torch.device, dtype: torch.dtype, group_size: int | None) -> bool:
+        """Whether this codec runs its Triton kernels for such a tensor (announces a fallback once).
+
+        ``group_size``: elements per group, or ``None`` for one scale per tensor.
+        """
+        if self.kernel == "torch" or (self.kernel == "auto" and device.type != "cuda"):
+            return False
+        from actzip.kernels import runtime
+
+        reason = runtime.unavailable_reason(device) or self._kernel_problem(dtype, group_size)
+        if reason is None:
+            return True
+        if self.kernel == "triton":
+            raise runtime.KernelUnavailableError(f"{self.name}(kernel='triton') cannot run: {reason}")
+        runtime.record_fallback(f"{self.name} codec (kernel='auto')", reason, stacklevel=4)
+        return False
 
     def _refuse_non_finite(self, bad_groups: torch.Tensor, flat: torch.Tensor, name: str, what: str) -> None:
         """Raise if any group is flagged (the one host sync of a checked encode)."""
@@ -154,8 +232,14 @@ class QuantCodec(_StochasticCodec):
       scale: ``"minmax"`` (asymmetric: the group's range is split into ``2**bits - 1`` steps) or ``"absmax"``
         (symmetric around 0, ``2**(bits-1) - 1`` steps per sign; zero is exact; needs ``bits >= 2``).
       rounding: ``"stochastic"`` (unbiased: ``E[decode(encode(x))] == x``) or ``"nearest"`` (half to even).
-      seed: seed of the codec's generators for stochastic rounding (``None`` means 0).
+      seed: seed of the stochastic rounding's random streams (``None`` means 0).
       check: raise :class:`InvalidValueError` on inf/NaN (one host sync); without it such groups decode to NaN.
+      kernel: ``"auto"`` (default: the Triton kernels on CUDA tensors, the PyTorch code otherwise, a fallback on
+        CUDA announced once and counted in ``actzip.kernels.runtime.fallback_counts()``), ``"torch"`` or
+        ``"triton"`` (raises :class:`~actzip.kernels.runtime.KernelUnavailableError` where the kernels cannot
+        run). Both make identical payloads. The kernels take float32, float16 and bfloat16 tensors and groups
+        of at most :data:`KERNEL_MAX_GROUP` elements; with ``check=False`` they encode and decode without any
+        host synchronization.
 
     Guarantee, elementwise, with ``s`` the group's step (``span / L`` or ``absmax / Q``):
     ``|decode(encode(x)) - x| < s`` with stochastic rounding and ``<= s / 2`` with nearest rounding, in exact
@@ -174,6 +258,7 @@ class QuantCodec(_StochasticCodec):
         rounding: str = "stochastic",
         seed: int | None = None,
         check: bool = True,
+        kernel: str = "auto",
     ) -> None:
         _choices("quant", "bits", bits, QUANT_BITS)
         _check_group_size("quant", group_size)
@@ -183,7 +268,9 @@ class QuantCodec(_StochasticCodec):
                 "quant: scale='absmax' needs bits >= 2: one bit leaves no code for zero and only one step per "
                 "sign; use scale='minmax' with bits=1"
             )
-        self._init_common(rounding, seed, check)
+        self._init_common(rounding, seed, check, kernel)
+        if kernel == "triton" and group_size > KERNEL_MAX_GROUP:
+            raise ConfigError(f"quant(kernel='triton'): option group_size must be at most {KERNEL_MAX_GROUP}")
         self.bits = bits
         self.group_size = group_size
         self.scale = scale
@@ -196,64 +283,95 @@ class QuantCodec(_StochasticCodec):
             "rounding": self.rounding,
             "seed": self.seed,
             "check": self.check_values,
+            "kernel": self.kernel,
         }
 
-    def _round(self, v: torch.Tensor) -> torch.Tensor:
+    def _round(self, v: torch.Tensor, keys: tuple[int, int]) -> torch.Tensor:
         """Round ``v`` (a fresh tensor, modified in place) to integers, nearest or stochastically."""
         if self.rounding == "nearest":
             return v.round_()
         floor = torch.floor(v)
         frac = v.sub_(floor)
         # P(round up) = frac exactly (to the uniform's 2**-24 grid): unbiased, unlike floor(v + u) whose sum rounds.
-        return floor.add_(self._uniform(frac) < frac)
+        return floor.add_(_uniform_like(frac, keys) < frac)
 
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
         self.check(x, name)
         x = x.detach()
         flat, perm = memory_order(x)
-        work = _work_dtype(x.dtype)
-        groups = _groups(flat, self.group_size, work)
+        keys = self._next_keys()
+        what = f"quant(scale={self.scale!r})"
+        if self.uses_triton(x.device, x.dtype, self.group_size):
+            from actzip.kernels import quant_triton
+
+            buffers = quant_triton.quant_encode(
+                flat, self.bits, self.group_size, self.scale == "absmax", self.rounding == "stochastic", keys
+            )
+            if self.check_values:  # the kernels mark a non-finite group's parameters NaN
+                self._refuse_non_finite(~torch.isfinite(buffers["span" if "span" in buffers else "absmax"]),
+                                        flat, name, what)  # fmt: skip
+        else:
+            buffers = self._encode_torch(flat, keys, name, what)
+        return self._payload(x, perm, buffers, bits=self.bits, group_size=self.group_size, scale=self.scale)
+
+    def _encode_torch(self, flat: torch.Tensor, keys: tuple[int, int], name: str, what: str) -> dict:
+        groups = _groups(flat, self.group_size, _work_dtype(flat.dtype))
         lo, hi = torch.aminmax(groups, dim=1)
+        lo.add_(0.0)  # -0.0 becomes +0.0: stored parameters do not depend on how the minimum was found
         if self.scale == "minmax":
-            param = hi - lo  # the span; NaN or inf when the group holds inf/NaN or its range overflows
+            param = (hi - lo).add_(0.0)  # the span; NaN or inf when the group holds inf/NaN or its range overflows
             top = (1 << self.bits) - 1
         else:
-            param = torch.maximum(hi, -lo)  # the absmax; NaN propagates through maximum
+            param = torch.maximum(hi, -lo).add_(0.0)  # the absmax; NaN propagates through maximum
             top = (1 << (self.bits - 1)) - 1
         ok = torch.isfinite(param)
         if self.check_values:
-            self._refuse_non_finite(~ok, flat, name, f"quant(scale={self.scale!r})")
+            self._refuse_non_finite(~ok, flat, name, what)
         safe = torch.where(param > 0, param, 1).unsqueeze(1)  # constant groups: every v is 0 (minmax) or +-Q
         if self.scale == "minmax":
             v = (groups - lo.unsqueeze(1)).div_(safe).mul_(top)
-            q = self._round(v).clamp_(0, top)
+            q = self._round(v, keys).clamp_(0, top)
         else:
             v = (groups / safe).mul_(top)
-            q = self._round(v).clamp_(-top, top).add_(top)  # round before the offset: half-to-even stays symmetric
-        if not self.check_values:
-            q = q.nan_to_num_(0.0)  # codes of non-finite groups are don't-cares; keep them deterministic
+            q = self._round(v, keys).clamp_(-top, top).add_(top)  # round, then offset: half-to-even stays symmetric
+        if not self.check_values:  # a non-finite group: zero codes (deterministic), NaN parameters
+            q = torch.where(ok.unsqueeze(1), q, 0)
             param = torch.where(ok, param, torch.nan)
+            lo = torch.where(ok, lo, torch.nan)
         buffers = {"codes": pack_bits(q.to(torch.uint8), self.bits)}
         if self.scale == "minmax":
             buffers["lo"] = lo
             buffers["span"] = param
         else:
             buffers["absmax"] = param
-        return self._payload(x, perm, buffers, bits=self.bits, group_size=self.group_size, scale=self.scale)
+        return buffers
 
     def decode(self, payload: Payload) -> torch.Tensor:
         p = self._own(payload)
         bits, group_size, scale = p.meta["bits"], p.meta["group_size"], p.meta["scale"]
+        n = p.shape.numel()
+        if self.uses_triton(p.device, p.dtype, group_size):
+            from actzip.kernels import quant_triton
+
+            b = p.buffers
+            params = (b["absmax"], None) if scale == "absmax" else (b["lo"], b["span"])
+            flat = quant_triton.quant_decode(b["codes"], *params, n, p.dtype, bits, group_size, scale == "absmax")
+        else:
+            flat = self._decode_torch(p, bits, group_size, scale)[:n].to(p.dtype)
+        return restore_order(flat, p.shape, p.meta["perm"])
+
+    @staticmethod
+    def _decode_torch(p: Payload, bits: int, group_size: int, scale: str) -> torch.Tensor:
         work = _work_dtype(p.dtype)
         codes = p.buffers["codes"]
         q = unpack_bits(codes, codes.numel() * 8 // bits, bits, torch.uint8).view(-1, group_size).to(work)
         if scale == "minmax":
-            q.div_((1 << bits) - 1)  # exactly 1 at the top code, so the maximum comes back as lo + span
-            y = torch.addcmul(p.buffers["lo"].unsqueeze(1), p.buffers["span"].unsqueeze(1), q)
+            # q / L is exactly 1 at the top code, so the maximum comes back as lo + span; no fused multiply-add.
+            y = _divide(q, (1 << bits) - 1).mul_(p.buffers["span"].unsqueeze(1)).add_(p.buffers["lo"].unsqueeze(1))
         else:
             top = (1 << (bits - 1)) - 1
-            y = q.sub_(top).div_(top).mul_(p.buffers["absmax"].unsqueeze(1))
-        return restore_order(y.reshape(-1)[: p.shape.numel()].to(p.dtype), p.shape, p.meta["perm"])
+            y = _divide(q.sub_(top), top).mul_(p.buffers["absmax"].unsqueeze(1))
+        return y.reshape(-1)
 
 
 @register_codec("fp8")
@@ -267,7 +385,8 @@ class FP8Codec(_StochasticCodec):
       group_size: elements per group with ``granularity="group"`` (a positive multiple of 8).
       rounding: ``"nearest"`` (the cast's round half to even) or ``"stochastic"`` (one of the two neighbouring
         fp8 values, chosen so that ``E[decode(encode(x))] == x``).
-      seed, check: as for ``quant``.
+      seed, check, kernel: as for ``quant`` (the kernels take groups of at most :data:`KERNEL_MAX_GROUP`
+        elements, and one scale per tensor of any size).
 
     Payload: 1 byte per element (padding to whole groups included) plus a float32 scale (float64 for float64
     tensors) per group. Guarantee: each element's error is at most half (nearest) or one (stochastic) fp8 ulp
@@ -286,11 +405,14 @@ class FP8Codec(_StochasticCodec):
         rounding: str = "nearest",
         seed: int | None = None,
         check: bool = True,
+        kernel: str = "auto",
     ) -> None:
         _choices("fp8", "format", format, tuple(FP8_FORMATS))
         _choices("fp8", "granularity", granularity, GRANULARITIES)
         _check_group_size("fp8", group_size)
-        self._init_common(rounding, seed, check)
+        self._init_common(rounding, seed, check, kernel)
+        if kernel == "triton" and granularity == "group" and group_size > KERNEL_MAX_GROUP:
+            raise ConfigError(f"fp8(kernel='triton'): option group_size must be at most {KERNEL_MAX_GROUP}")
         self.format = format
         self.granularity = granularity
         self.group_size = group_size
@@ -303,9 +425,11 @@ class FP8Codec(_StochasticCodec):
             "rounding": self.rounding,
             "seed": self.seed,
             "check": self.check_values,
+            "kernel": self.kernel,
         }
 
-    def _scales(self, absmax: torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
+    @staticmethod
+    def _scales(absmax: torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
         """The smallest power of two ``p`` with ``absmax / p <= fp8 max`` (1 for 0), exactly, via frexp."""
         top_m, top_e = math.frexp(torch.finfo(fp8).max)  # 448 = 0.875 * 2**9
         m, _ = torch.frexp(absmax)
@@ -316,7 +440,8 @@ class FP8Codec(_StochasticCodec):
         scale.clamp_(min=torch.finfo(absmax.dtype).smallest_normal * torch.finfo(absmax.dtype).eps)
         return torch.where(absmax > 0, scale, 1.0)
 
-    def _stochastic(self, t: torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
+    @staticmethod
+    def _stochastic(t: torch.Tensor, fp8: torch.dtype, keys: tuple[int, int]) -> torch.Tensor:
         """Bytes of ``t`` rounded to a neighbouring fp8 value, up with probability (|t| - lower) / gap."""
         mag = t.abs()
         near = mag.to(fp8).view(torch.uint8)  # a neighbour of |t| (rounded to nearest)
@@ -325,35 +450,60 @@ class FP8Codec(_StochasticCodec):
         upper = lower + (lower_v < mag).to(torch.uint8)  # positive patterns are ordered like their values
         gap = upper.view(fp8).to(t.dtype) - lower_v
         frac = (mag - lower_v).div_(torch.where(gap > 0, gap, 1))
-        bits = lower + (self._uniform(frac) < frac).to(torch.uint8)
+        bits = lower + (_uniform_like(frac, keys) < frac).to(torch.uint8)
         return bits | (torch.signbit(t).to(torch.uint8) << 7)
 
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
         self.check(x, name)
         x = x.detach()
         flat, perm = memory_order(x)
-        work = _work_dtype(x.dtype)
+        keys = self._next_keys()
+        per_group = self.granularity == "group"
+        group_size = self.group_size if per_group else max(flat.numel(), 1)
+        what = f"fp8(format={self.format!r})"
+        if self.uses_triton(x.device, x.dtype, self.group_size if per_group else None):
+            from actzip.kernels import quant_triton
+
+            codes, scale = quant_triton.fp8_encode(
+                flat, self.format, self.group_size if per_group else None, self.rounding == "stochastic", keys
+            )
+            if self.check_values:  # the kernels mark a non-finite group's scale NaN
+                self._refuse_non_finite(~torch.isfinite(scale), flat, name, what)
+        else:
+            codes, scale = self._encode_torch(flat, group_size, keys, name, what)
+        buffers = {"codes": codes, "scale": scale}
+        return self._payload(x, perm, buffers, format=self.format, group_size=group_size)
+
+    def _encode_torch(self, flat, group_size: int, keys, name: str, what: str):
         fp8 = FP8_FORMATS[self.format]
-        group_size = self.group_size if self.granularity == "group" else max(flat.numel(), 1)
-        groups = _groups(flat, group_size, work)
+        groups = _groups(flat, group_size, _work_dtype(flat.dtype))
         lo, hi = torch.aminmax(groups, dim=1)  # no |x| temporary; NaN propagates through both
         absmax = torch.maximum(hi, -lo)
         ok = torch.isfinite(absmax)
         if self.check_values:
-            self._refuse_non_finite(~ok, flat, name, f"fp8(format={self.format!r})")
+            self._refuse_non_finite(~ok, flat, name, what)
         scale = self._scales(torch.where(ok, absmax, 0), fp8)
         t = groups / scale.unsqueeze(1)  # exact: a power of two, and |t| <= fp8 max
-        codes = t.to(fp8).view(torch.uint8) if self.rounding == "nearest" else self._stochastic(t, fp8)
-        if not self.check_values:
+        codes = t.to(fp8).view(torch.uint8) if self.rounding == "nearest" else self._stochastic(t, fp8, keys)
+        if not self.check_values:  # a non-finite group: zero codes (deterministic), a NaN scale
+            codes = torch.where(ok.unsqueeze(1), codes, 0)
             scale = torch.where(ok, scale, torch.nan)
-        buffers = {"codes": codes.reshape(-1), "scale": scale}
-        return self._payload(x, perm, buffers, format=self.format, group_size=group_size)
+        return codes.reshape(-1), scale
 
     def decode(self, payload: Payload) -> torch.Tensor:
         p = self._own(payload)
+        n, group_size = p.shape.numel(), p.meta["group_size"]
+        per_group = p.buffers["scale"].numel() > 1  # one group decodes like one scale per tensor
+        if self.uses_triton(p.device, p.dtype, group_size if per_group else None):
+            from actzip.kernels import quant_triton
+
+            b = p.buffers
+            flat = quant_triton.fp8_decode(b["codes"], b["scale"], n, p.dtype, p.meta["format"],
+                                           group_size if per_group else None)  # fmt: skip
+            return restore_order(flat, p.shape, p.meta["perm"])
         fp8 = FP8_FORMATS[p.meta["format"]]
         work = _work_dtype(p.dtype)
-        q = p.buffers["codes"].view(fp8).to(work).view(-1, p.meta["group_size"])
-        y = q.mul_(p.buffers["scale"].unsqueeze(1)).reshape(-1)[: p.shape.numel()]
+        q = p.buffers["codes"].view(fp8).to(work).view(-1, group_size)
+        y = q.mul_(p.buffers["scale"].unsqueeze(1)).reshape(-1)[:n]
         big = torch.finfo(p.dtype).max  # a rounded-up absmax near the dtype's limit must not become inf
         return restore_order(y.clamp_(-big, big).to(p.dtype), p.shape, p.meta["perm"])

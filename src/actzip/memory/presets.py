@@ -38,18 +38,28 @@ still sees the overflow) instead of raising inside the forward pass.
 A tensor saved twice is stored once only when its first copy is lossless; a lossy first copy is never shared,
 so a tensor saved first as a linear input and later by a nonlinear function (``lin(h) * h``) gets its own
 8-bit copy for the second save.
+
+``treatments={role: how}`` overrides a preset's treatment of a role; ``how`` is ``kept``, ``sparse`` or
+``quant<bits>-<sr|rn>`` (bits 1, 2, 4 or 8), each optionally followed by ``+offload``. ``offload=True`` adds
+``+offload`` to every treatment (and to what the fall-through rules keep): what the rule stores, the tensor
+or its payload, moves to pinned CPU memory (:mod:`actzip.memory.offload`); the account reports it under
+``"<role>:<treatment>+offload"`` with 0 device bytes. A treatment, role or bit width that does not exist fails
+when the rules are built, with a message listing what would fit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 
+from actzip.codecs.quant import QUANT_BITS
 from actzip.core import registry
 from actzip.core.errors import ConfigError
+from actzip.memory.offload import Offloader
 from actzip.memory.roles import (
     ATTENTION,
     LINEAR_INPUT,
@@ -58,6 +68,7 @@ from actzip.memory.roles import (
     OTHER,
     PARAMETER,
     RELU_OUTPUT,
+    ROLES,
     RoleTracker,
     current_role,
 )
@@ -129,22 +140,46 @@ def describe(name: str) -> str:
     return f"{p.name}: {p.description}\n{rows}"
 
 
-def _role_rule(role: str, how: str, cfg: CacheConfig, group_size: int, seed: int | None) -> Rule:
+_ROUNDINGS = {"sr": "stochastic", "rn": "nearest"}
+OFFLOAD = "+offload"
+_WIDTHS = ", ".join(map(str, QUANT_BITS))
+TREATMENT_FORMS = f"{KEPT}, sparse, quant<bits>-<sr|rn> (bits {_WIDTHS}), each optionally +offload"
+
+
+def _role_rule(role: str, how: str, cfg: CacheConfig, group_size: int, seed: int | None, offloader) -> Rule:
+    """The rule for ``role`` treated as ``how``; ``offloader()`` gives the shared Offloader for ``+offload``."""
+    where = f"treatment {how!r} for role {role!r}"
+    if not isinstance(how, str):
+        raise ConfigError(f"{where}: treatments are strings: {TREATMENT_FORMS}")
+    base, plus, extra = how.partition("+")
+    if plus and extra != OFFLOAD[1:]:
+        raise ConfigError(f"{where}: unknown suffix {plus + extra!r}; treatments: {TREATMENT_FORMS}")
+    off = offloader() if plus else None
+    suffix = OFFLOAD if plus else ""
     is_role: Callable[[torch.Tensor], bool] = lambda t: current_role(t) == role  # noqa: E731
-    if how == KEPT:
-        return Rule(f"{role}:{KEPT}", is_role)
-    if how == "sparse":
+    if base == KEPT:
+        return Rule(f"{role}:{KEPT}{suffix}", is_role, offload=off)
+    if base == "sparse":
         codec = registry.get("sparse")
-        return Rule(f"{role}:sparse", lambda t: is_role(t) and zero_fraction(t) >= cfg.min_zero_fraction, codec)
-    if how.startswith("quant"):
-        bits_s, rounding_s = how[len("quant"):].split("-")
+        sparse = lambda t: is_role(t) and zero_fraction(t) >= cfg.min_zero_fraction  # noqa: E731
+        return Rule(f"{role}:sparse{suffix}", sparse, codec, offload=off)
+    if base.startswith("quant"):
+        bits_s, _, rounding_s = base[len("quant"):].partition("-")
+        if not bits_s.isdigit() or rounding_s not in _ROUNDINGS:
+            raise ConfigError(f"{where}: write quant<bits>-<sr|rn>; treatments: {TREATMENT_FORMS}")
         bits = int(bits_s)
+        if bits not in QUANT_BITS:
+            raise ConfigError(f"{where}: bit width {bits} is out of range; widths: {_WIDTHS}")
         if role == NONLINEAR_INPUT and bits < MIN_NONLINEAR_BITS:
             raise ConfigError(f"nonlinear inputs must keep at least {MIN_NONLINEAR_BITS} bits, got {how!r}")
-        rounding = {"sr": "stochastic", "rn": "nearest"}[rounding_s]
+        rounding = _ROUNDINGS[rounding_s]
         codec = registry.get("quant", bits=bits, group_size=group_size, rounding=rounding, seed=seed, check=False)
-        return Rule(f"{role}:quant{bits}", is_role, codec)
-    raise ConfigError(f"unknown treatment {how!r} for role {role!r}")
+        return Rule(f"{role}:quant{bits}{suffix}", is_role, codec, offload=off)
+    raise ConfigError(f"unknown {where}; treatments: {TREATMENT_FORMS}")
+
+
+def _with_offload(rule: Rule, off: Offloader) -> Rule:
+    return dataclasses.replace(rule, name=rule.name + OFFLOAD, offload=off)
 
 
 def preset_rules(
@@ -154,6 +189,8 @@ def preset_rules(
     min_zero_fraction: float = 0.3,
     group_size: int = 128,
     seed: int | None = None,
+    treatments: dict[str, str] | None = None,
+    offload: bool | Offloader = False,
 ) -> list[Rule]:
     """The rules of preset ``name`` (see :data:`PRESETS` and the module docstring's table).
 
@@ -163,13 +200,38 @@ def preset_rules(
         fraction of zeros on.
       group_size: elements per quantization group.
       seed: seed of the quant codecs' stochastic rounding (``None`` means 0).
+      treatments: ``{role: treatment}`` replacing the preset's for those roles (see the module docstring).
+      offload: ``True`` (or an :class:`~actzip.memory.offload.Offloader` to share) moves everything the rules
+        store to pinned CPU memory.
 
-    Unknown names raise :class:`~actzip.core.errors.ConfigError` listing the presets.
+    Unknown names, roles and treatments raise :class:`~actzip.core.errors.ConfigError` listing what exists.
     """
     preset = _get(name)
     cfg = CacheConfig(min_bytes=min_bytes, min_zero_fraction=min_zero_fraction)
-    if not preset.treatments:
-        return default_rules(cfg)
+    if offload is not False and not isinstance(offload, (bool, Offloader)):
+        raise ConfigError(f"offload must be True, False or an Offloader, got {offload!r}")
+    shared: list[Offloader] = [offload] if isinstance(offload, Offloader) else []
+
+    def offloader() -> Offloader:
+        if not shared:
+            shared.append(Offloader())
+        return shared[0]
+
+    table = dict(preset.treatments)
+    for role, how in (treatments or {}).items():
+        if role not in ROLES:
+            raise ConfigError(f"unknown role {role!r} in treatments; roles: {', '.join(ROLES)}")
+        if not table:  # lossless, as rules by role: every role lossless sparse (when sparse enough)
+            table = {r: "sparse" for r in ROLES}
+        table[role] = how
+    if offload is not False:
+        table = {role: how if not isinstance(how, str) or how.endswith(OFFLOAD) else how + OFFLOAD
+                 for role, how in table.items()}  # fmt: skip
+    if not table:
+        rules = default_rules(cfg)
+        if offload is not False:  # what the default rules store: sparse payloads and dense tensors
+            rules = [_with_offload(r, offloader()) if r.name in (cfg.codec, "dense") else r for r in rules]
+        return rules
     probe = registry.get("quant")  # float dtypes, strided, dense: what every lossy rule needs
 
     def nbytes(t: torch.Tensor) -> int:
@@ -180,11 +242,10 @@ def preset_rules(
         Rule("unsupported", lambda t: probe.supports(t) is not None),
         Rule("small", lambda t: nbytes(t) < cfg.min_bytes),
     ]
-    rules += [_role_rule(role, how, cfg, group_size, seed) for role, how in preset.treatments.items()]
+    rules += [_role_rule(role, how, cfg, group_size, seed, offloader) for role, how in table.items()]
     # A relu output that is not sparse enough (or a role not in the table) is kept under an honest name.
-    rules.append(Rule(f"{RELU_OUTPUT}:{KEPT}", lambda t: current_role(t) == RELU_OUTPUT))
-    rules.append(Rule(KEPT, lambda t: True))
-    return rules
+    tail = [Rule(f"{RELU_OUTPUT}:{KEPT}", lambda t: current_role(t) == RELU_OUTPUT), Rule(KEPT, lambda t: True)]
+    return rules + [_with_offload(r, offloader()) if offload is not False else r for r in tail]
 
 
 @contextmanager
@@ -197,7 +258,8 @@ def compressed(
 ) -> Iterator[ActivationCache]:
     """Enter a :class:`RoleTracker` and an :class:`ActivationCache` with :func:`preset_rules`; yield the cache.
 
-    ``options`` go to :func:`preset_rules` (``min_zero_fraction``, ``group_size``, ``seed``). Run backward
+    ``options`` go to :func:`preset_rules` (``min_zero_fraction``, ``group_size``, ``seed``, ``treatments``,
+    ``offload``); a bad one fails here, before the block is entered. Run backward
     after the block; ``cache.last`` is the block's account.
 
     Each call builds fresh codecs, whose stochastic rounding restarts from the same seed. In a training loop

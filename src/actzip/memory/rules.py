@@ -16,17 +16,71 @@ import torch
 from actzip.codecs.base import Codec
 from actzip.core import registry
 from actzip.codecs.sparse import memory_order
-from actzip.core.dtypes import FLOAT_DTYPES, bit_view_dtype
+from actzip.core.dtypes import FLOAT_DTYPES, bit_view_dtype, dtype_names
 from actzip.core.errors import ConfigError
+from actzip.memory.offload import Offloader
 
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule: tensors that ``when`` accepts are stored with ``codec`` (``None`` keeps them as they are)."""
+    """One rule: tensors that ``when`` accepts are stored with ``codec`` (``None`` keeps them as they are).
+
+    Checked when the rule is built, with errors that list what would fit: a codec named by a string is built
+    from the registry with ``codec_options`` (an unknown name, option or out-of-range value such as a bit width
+    or a rank fails here); ``dtypes``, the dtypes the rule is meant for, must all be ones the codec takes. A
+    rule only ever matches tensors its codec can take (and, if given, of ``dtypes``); others go on to the next
+    rule. With ``offload``, what the rule stores (the tensor, or the codec's payload) moves to pinned CPU memory
+    (see :mod:`actzip.memory.offload`).
+    """
 
     name: str  # reported in the account
     when: Callable[[torch.Tensor], bool]  # decides from the saved tensor alone
-    codec: Codec | None = None  # None: keep the tensor itself, no copy
+    codec: Codec | str | None = None  # a codec, a registered codec's name, or None: keep the tensor, no copy
+    codec_options: dict | None = field(default=None, compare=False)  # options of a codec given by name
+    dtypes: tuple[torch.dtype, ...] | None = None  # dtypes this rule is for (None: every dtype its codec takes)
+    offload: Offloader | None = None  # move what is stored to pinned CPU memory, and back for backward
+
+    def __post_init__(self) -> None:
+        where = f"rule {self.name!r}"
+        if not callable(self.when):
+            raise ConfigError(f"{where}: when must be a function of the saved tensor, got {type(self.when).__name__}")
+        codec = self.codec
+        if isinstance(codec, str):
+            try:
+                codec = registry.get(codec, **(self.codec_options or {}))
+            except ConfigError as e:  # unknown codec or option, or a value out of range: the message lists the fits
+                raise type(e)(f"{where}: {e}") from None
+            object.__setattr__(self, "codec", codec)
+        elif self.codec_options is not None:
+            raise ConfigError(f"{where}: codec_options need a codec given by name, e.g. codec='quant'")
+        if codec is not None and not isinstance(codec, Codec):
+            raise ConfigError(
+                f"{where}: codec must be a codec name ({', '.join(registry.available())}), a Codec or None; "
+                f"got {type(codec).__name__}"
+            )
+        if self.dtypes is not None:
+            dtypes = tuple(self.dtypes) if isinstance(self.dtypes, (list, tuple)) else ()
+            if not dtypes or not all(isinstance(d, torch.dtype) for d in dtypes):
+                raise ConfigError(f"{where}: dtypes must be a non-empty sequence of torch dtypes, got {self.dtypes!r}")
+            object.__setattr__(self, "dtypes", dtypes)
+            bad = [d for d in dtypes if codec is not None and d not in codec.dtypes]
+            if bad:
+                fits = [n for n in registry.available() if all(d in getattr(registry.codec_class(n), "dtypes", ())
+                                                               for d in bad)]  # fmt: skip
+                raise ConfigError(
+                    f"{where}: codec {codec.name!r} cannot take {dtype_names(bad)}; it takes "
+                    f"{dtype_names(codec.dtypes)}; codecs that take {dtype_names(bad)}: {', '.join(fits) or 'none'}"
+                )
+        if self.offload is not None and not isinstance(self.offload, Offloader):
+            raise ConfigError(f"{where}: offload must be an actzip.memory.offload.Offloader or None")
+
+    def matches(self, t: torch.Tensor) -> bool:
+        """Whether this rule decides for ``t``: a dtype it is for, one its codec takes, and ``when(t)``."""
+        if self.dtypes is not None and t.dtype not in self.dtypes:
+            return False
+        if self.codec is not None and self.codec.supports(t) is not None:
+            return False
+        return bool(self.when(t))
 
 
 @dataclass

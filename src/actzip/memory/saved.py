@@ -149,16 +149,18 @@ class ActivationCache:
     def _store(self, t: torch.Tensor) -> _Saved:
         dense = t.numel() * t.element_size()
         for rule in self.rules:
-            if rule.when(t):
-                if rule.codec is None:
-                    self._account.add(rule.name, dense, dense)
-                    return _Saved(t, None, None)
-                payload = rule.codec.encode(t, name=f"saved tensor {tuple(t.shape)} {t.dtype}")
-                if payload.nbytes >= dense:  # no gain: keep the tensor, drop the payload
-                    self._account.add("incompressible", dense, dense)
-                    return _Saved(t, None, None)
-                self._account.add(rule.name, dense, payload.nbytes)
-                return _Saved(None, payload, rule.codec)
+            if rule.matches(t):
+                name, saved, stored = rule.name, _Saved(t, None, None), dense
+                if rule.codec is not None:
+                    payload = rule.codec.encode(t, name=f"saved tensor {tuple(t.shape)} {t.dtype}")
+                    if payload.nbytes >= dense:  # no gain: keep the tensor, drop the payload
+                        name = "incompressible"
+                    else:
+                        saved, stored = _Saved(None, payload, rule.codec), payload.nbytes
+                if rule.offload is not None:  # to pinned CPU memory; `stored` becomes the device bytes kept
+                    saved, stored = rule.offload.stash(saved, stored)
+                self._account.add(name, dense, stored)
+                return saved
         self._account.add("unmatched", dense, dense)
         return _Saved(t, None, None)
 
