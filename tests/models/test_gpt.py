@@ -234,3 +234,25 @@ def test_few_adamw_steps_reduce_loss_on_repeated_batch():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.5
+
+
+def test_chunked_loss_matches_the_plain_head():
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig.preset("tiny"))
+    chunked = GPT(GPTConfig.preset("tiny", loss_chunk=48))
+    chunked.load_state_dict(plain.state_dict())
+    idx, targets = torch.randint(0, 256, (3, 64)), torch.randint(0, 256, (3, 64))
+    logits, loss = plain(idx, targets)
+    none, chunked_loss = chunked(idx, targets)
+    assert none is None and logits is not None
+    torch.testing.assert_close(chunked_loss, loss)
+    loss.backward()
+    chunked_loss.backward()
+    for p, q in zip(plain.parameters(), chunked.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)
+    assert chunked(idx)[0].shape == logits.shape  # without targets: the plain head
+
+
+def test_loss_chunk_must_be_a_non_negative_int():
+    with pytest.raises(ConfigError, match="loss_chunk"):
+        GPTConfig(loss_chunk=-1)

@@ -1,7 +1,8 @@
 """Reference-GPT memory benchmark: per-token peak memory and training-step time per strategy.
 
 A ReLU² GPT (default the ~124M preset, bf16 weights, AdamW) is trained on random tokens at each sequence
-length with a fixed number of tokens per step. Strategies share one set of weights and one optimizer and are
+length with a fixed number of tokens per step, its loss computed in chunks of tokens (``loss_chunk``) so that
+the float32 logits over the vocabulary do not dominate the peak. Strategies share one set of weights and one optimizer and are
 interleaved step by step:
 - ``none``: plain PyTorch;
 - ``checkpoint``: every block checkpointed;
@@ -31,7 +32,10 @@ class GPTBenchConfig:
 
     preset: str = "gpt2-124m"  # model size
     seq_lens: tuple[int, ...] = (1024, 4096, 8192)  # sequence lengths measured
-    tokens_per_step: int = 8192  # batch = tokens_per_step // seq_len
+    tokens_per_step: int = 32768  # batch = tokens_per_step // seq_len
+    # Output head + loss this many tokens at a time (GPTConfig.loss_chunk; 0: full float32 logits, which then
+    # dominate the peak at this vocabulary and hide every activation saving).
+    loss_chunk: int = 4096
     dtype: str = "bfloat16"  # weights and activations
     kernel: str = "auto"  # sparse codec kernel
     rounds: int = 10  # measured steps per strategy and length
@@ -61,7 +65,8 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
     runs = []
     for seq in cfg.seq_lens:
         torch.manual_seed(0)
-        model = GPT(GPTConfig.preset(cfg.preset, block_size=seq)).to(device=device, dtype=getattr(torch, cfg.dtype))
+        model = GPT(GPTConfig.preset(cfg.preset, block_size=seq, loss_chunk=cfg.loss_chunk))
+        model = model.to(device=device, dtype=getattr(torch, cfg.dtype))
         opt = model.configure_optimizer(lr=1e-4)
         plain = [b.mlp for b in model.h]
         arenas = {s: Arena(device=device) for s in cfg.strategies if "arena" in s}

@@ -128,8 +128,9 @@ def _gpt_section(path: Path, root: Path) -> str:
     c = rec["config"]
     lines = [
         "\n## Reference GPT: per-token peak memory and step time\n",
-        f"{c['preset']} ReLU² GPT, {c['dtype']}, AdamW, {c['tokens_per_step']} tokens per step, strategies interleaved "
-        "step by step (median). Peak per token = step peak / tokens.\n",
+        (f"{c['preset']} ReLU² GPT, {c['dtype']}, AdamW, {c['tokens_per_step']} tokens per step, loss over chunks of "
+         f"{c.get('loss_chunk', 0) or 'all'} tokens, strategies interleaved step by step (median). Peak per token = "
+         "step peak / tokens.\n"),
         _provenance(rec, path, root) + "\n",
         "| seq | strategy | step ms | vs none | peak KiB/token | vs none |",
         "|---:|---|---:|---:|---:|---:|",
@@ -183,6 +184,75 @@ def _presets_section(path: Path, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cache_section(path: Path, root: Path) -> str:
+    rec = json.loads(path.read_text())
+    c = rec["config"]
+    lines = [
+        "\n## Activation cache: bytes, peak memory and step time per strategy\n",
+        f"{c['dtype']}, AdamW, {c['batch_size']} x {c['seq_len']} tokens of the embedded corpus per step, one set of "
+        "weights per model shared by all strategies, interleaved step by step (median). Saved bytes: distinct "
+        "activations autograd keeps for backward (parameters and inputs excluded), measured in one probe step; "
+        "\"blocks ×\" leaves out the loss head's float32 log-softmax (tokens × vocab), which every strategy keeps. "
+        "Peak: the step's maximum allocation, weights, gradients and AdamW state included. Gradient error: "
+        "|g − g_none| / |g_none| on the same weights and batch.\n",
+        _provenance(rec, path, root) + "\n",
+        *[f"- `{s}`: {d}" for s, d in rec["strategies"].items()],
+        "",
+    ]
+    for m in rec["models"]:
+        res = "" if m.get("resident_bytes") is None else f", {m['resident_bytes'] / 2**30:.2f} GiB resident"
+        lines += [f"\n### {m['model']}: {m['params'] / 1e6:.1f}M params, vocabulary {m['vocab_size']}{res}\n",
+                  "| strategy | saved MiB | × smaller | blocks × | peak GiB | vs none | step ms | vs none | grad rel. error |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in m["runs"]:
+            peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}"
+            prel = "" if r["peak_vs_none"] is None else f"{r['peak_vs_none'] - 1:+.1%}"
+            xb = "n/a" if r["x_smaller_blocks"] is None else f"{r['x_smaller_blocks']:.2f}"
+            lines.append(f"| {r['strategy']} | {r['bytes_saved'] / 2**20:,.1f} | {r['x_smaller']:.2f} | {xb} | {peak} | "
+                         f"{prel} | {r['median_ms']:.1f} | {r['time_vs_none'] - 1:+.1%} | {r['grad_rel_error']:.3g} |")
+    lines.append("\nTargets (the loss gaps after 2000 steps are in the presets sections):\n")
+    lines += [f"- {t['line']}" for t in rec.get("targets", [])]
+    return "\n".join(lines) + "\n"
+
+
+def _lora_section(path: Path, root: Path) -> str:
+    rec = json.loads(path.read_text())
+    c, m, pre = rec["config"], rec["model"], rec["pretrain"]
+    lines = [
+        f"\n## LoRA fine-tuning with compressed activations ({c['name']})\n",
+        f"Llama-style model from a local config ({m['params'] / 1e6:.1f}M params, d={m['hidden']}, {m['layers']} layers, "
+        f"byte vocabulary, {c['dtype']}), pretrained {pre['steps']} steps on the embedded corpus (loss "
+        f"{pre['final_loss']:.3f}), then peft LoRA (r={c['rank']}, alpha={c['alpha']:g}, dropout {c['dropout']}, every "
+        f"linear layer, adapters {'float32 (peft default)' if c['adapter_dtype'] == 'peft' else 'in the model dtype'}) "
+        f"fine-tuned {c['steps']} steps of {c['batch_size']} examples on snippet classification "
+        f"({len(rec['task']['classes'])} standard-library packages, chance {rec['task']['chance_accuracy']:.0%}, "
+        f"{rec['task']['test_size']} test examples). Same weights, adapter init, batches and dropout masks for every "
+        "method; steps interleaved. Peak = step peak with the other methods' held memory taken out (CUDA only); "
+        "saved = bytes autograd keeps after the forward of one probe batch (parameters excluded; not counted under "
+        "checkpointing).\n",
+        _provenance(rec, path, root) + "\n",
+        "| method | step ms | vs lora | peak MiB | vs lora | saved KiB/token | vs lora | final train loss | test accuracy "
+        "| Δ points |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rec["runs"]:
+        peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.1f}"
+        peak_rel = "" if r["peak_vs_lora"] is None else f"{r['peak_vs_lora'] - 1:+.1%}"
+        saved = "n/a" if r["saved_bytes_per_token"] is None else f"{r['saved_bytes_per_token'] / 1024:,.2f}"
+        saved_rel = "" if r["saved_vs_lora"] is None else f"{r['saved_vs_lora'] - 1:+.1%}"
+        lines.append(f"| {r['method']} | {r['median_ms']:,.1f} | {r['time_vs_lora'] - 1:+.1%} | {peak} | {peak_rel} | "
+                     f"{saved} | {saved_rel} | {r['final_train_loss']:.4f} | {r['test_accuracy']:.1%} | "
+                     f"{r['accuracy_vs_lora_points']:+.1f} |")
+    care = next((r for r in rec["runs"] if r["method"] == "care"), None)
+    if care is not None:
+        e = care["grad_a_rel_error"]
+        lines.append(f"\nCARE grad_A relative error against exact LoRA after fine-tuning (same weights and batch): "
+                     f"median over layers {e['median']:.1%}, all layers together {e['global']:.1%}, range "
+                     f"{e['min']:.1%} to {e['max']:.1%}; every grad_B bit-identical to LoRA's: {e['grad_b_bit_identical']}. "
+                     "Targets: " + ", ".join(f"{k} {v}" for k, v in rec["targets"].items()) + ".")
+    return "\n".join(lines) + "\n"
+
+
 def build(root: Path) -> str:
     out = [HEADER]
     sections = [("kernels.json", _kernels_section), ("ffn.json", _ffn_section), ("gpt.json", _gpt_section),
@@ -192,6 +262,8 @@ def build(root: Path) -> str:
             if (machine_dir / name).exists():
                 out.append(fn(machine_dir / name, root))
         out.extend(_presets_section(p, root) for p in sorted(machine_dir.glob("presets*.json")))
+        out.extend(_lora_section(p, root) for p in sorted(machine_dir.glob("lora*.json")))
+        out.extend(_cache_section(p, root) for p in sorted(machine_dir.glob("cache*.json")))
     demos = sorted((root / "results" / "demo").glob("*.json"))
     if demos:
         out.append(DEMO_NOTE)

@@ -45,14 +45,15 @@ def relu_grad_kernel(
         mask_ptr, tile_offsets_ptr, values_ptr, tl.load(values_base_ptr), tile, T, WIDTH, SIGN_PACK, BITS_DTYPE
     )
     r = bits.to(FLOAT_DTYPE, bitcast=True)
-    offs = tile.to(tl.int64) * T + tl.arange(0, T)
-    inb = offs < n
-    g = tl.load(grad_ptr + offs, mask=inb, other=0.0)
+    local = tl.arange(0, T)  # 32-bit per element; the tile's start is a scalar offset
+    start = tile.to(tl.int64) * T
+    inb = local < tl.minimum(n - start, T).to(tl.int32)
+    g = tl.load(grad_ptr + start + local, mask=inb, other=0.0)
     if SQUARE:
         two_r = (r.to(tl.float32) * 2.0).to(FLOAT_DTYPE)  # exact: a power-of-two scale
         g = (g.to(tl.float32) * two_r.to(tl.float32)).to(FLOAT_DTYPE)
     out = tl.where(r <= 0, tl.zeros_like(g), g)
-    tl.store(out_ptr + offs, out, mask=inb)
+    tl.store(out_ptr + start + local, out, mask=inb)
 
 
 @triton.jit
@@ -77,8 +78,9 @@ def activation_kernel(
     r = bits.to(FLOAT_DTYPE, bitcast=True)
     if SQUARE:
         r = (r.to(tl.float32) * r.to(tl.float32)).to(FLOAT_DTYPE)
-    offs = tile.to(tl.int64) * T + tl.arange(0, T)
-    tl.store(out_ptr + offs, r, mask=offs < n)
+    local = tl.arange(0, T)
+    start = tile.to(tl.int64) * T
+    tl.store(out_ptr + start + local, r, mask=local < tl.minimum(n - start, T).to(tl.int32))
 
 
 def _check(dtype: torch.dtype) -> None:

@@ -70,8 +70,9 @@ def _exclusive_prefix(status_ptr, tile, size):
         while done == 0:
             idx = j - k
             valid = idx >= 0
-            s = tl.atomic_add(status_ptr + tl.maximum(idx, 0), tl.zeros_like(idx), mask=valid, sem="acquire")
-            s = tl.where(valid, s, INCLUSIVE)  # before tile 0: an inclusive prefix of 0
+            # Plain volatile loads, not atomics: a status word is one aligned 64-bit store, read whole, and
+            # read-modify-write polling would serialize every tile on its predecessors' words in L2.
+            s = tl.load(status_ptr + idx, mask=valid, other=INCLUSIVE, volatile=True)  # before tile 0: prefix 0
             not_ready = tl.min(tl.where(s == 0, k, LOOKBACK), axis=0)
             first_inc = tl.min(tl.where(s >= INCLUSIVE, k, LOOKBACK), axis=0)
             # Words before the first unpublished one are final: sum them up to and including the nearest
@@ -122,21 +123,22 @@ def encode_kernel(
     res_ptr = work_ptr + n_tiles + 1
     rows = tl.arange(0, T // 8)
     cols = tl.arange(0, 8)
-    offs = tile * T + rows[:, None] * 8 + cols[None, :]
-    inb = offs < n
+    # 64-bit arithmetic once per tile (scalar pointers), 32-bit offsets per element.
+    local = rows[:, None] * 8 + cols[None, :]
+    inb = local < tl.minimum(n - tile * T, T).to(tl.int32)
     if RELU:
-        h = tl.load(src_ptr + offs, mask=inb, other=0.0)
+        h = tl.load(src_ptr + tile * T + local, mask=inb, other=0.0)
         h32 = h.to(tl.float32)
         keep = (h32 > 0) | (h32 != h32)  # relu as torch computes it on CUDA: NaN passes, -0.0 gives +0.0
         hb = h.to(BITS_DTYPE, bitcast=True)
         x = tl.where(keep, hb, tl.zeros_like(hb))
         if ACT_OUT == 1:
-            tl.store(act_ptr + offs, x.to(h.dtype, bitcast=True), mask=inb)
+            tl.store(act_ptr + tile * T + local, x.to(h.dtype, bitcast=True), mask=inb)
         if ACT_OUT == 2:
             r32 = tl.where(keep, h32, 0.0)
-            tl.store(act_ptr + offs, (r32 * r32).to(h.dtype), mask=inb)
+            tl.store(act_ptr + tile * T + local, (r32 * r32).to(h.dtype), mask=inb)
     else:
-        x = tl.load(src_ptr + offs, mask=inb, other=0)
+        x = tl.load(src_ptr + tile * T + local, mask=inb, other=0)
     f = (x != 0).to(tl.int32)
     tl.store(mask_ptr + tile * (T // 8) + rows, tl.sum(f << cols[None, :], axis=1).to(tl.uint8))
     per_byte = tl.sum(f, axis=1)
@@ -148,6 +150,7 @@ def encode_kernel(
     start = tl.load(start_ptr) // ELEM_BYTES
     excl = _exclusive_prefix(work_ptr, tile, size)
     base = start + excl
+    vptr = values_ptr + base
     # Broadcast to a block: a scalar bool in a store mask is refused by Triton's interpreter.
     fits = (tl.zeros_like(f) + (base + size <= capacity).to(tl.int32)) != 0 if ARENA else f >= 0
     if SIGN_PACK:
@@ -164,17 +167,17 @@ def encode_kernel(
         done = stored & ((end >> 5) > ((end - WIDTH) >> 5)) & fits
         shift = tl.minimum(tl.maximum(64 - (end - 32 * q), 0), 63).to(tl.uint64)
         word = (win >> shift).to(tl.uint32).to(tl.int32, bitcast=True)
-        tl.store(values_ptr + base + q, word, mask=done)
+        tl.store(vptr + q, word, mask=done)
         tail = end & 31
         last = stored & (end == count * WIDTH) & (tail != 0) & fits
         shift = tl.minimum(64 - tail, 63).to(tl.uint64)
         word = (win >> shift).to(tl.uint32).to(tl.int32, bitcast=True)
-        tl.store(values_ptr + base + (end >> 5), word, mask=last)
+        tl.store(vptr + (end >> 5), word, mask=last)
         neg = tl.sum(tl.sum(((x >> (NBITS - 1)) & 1).to(tl.int32), axis=1), axis=0)
         tl.atomic_add(res_ptr + 2, neg.to(tl.int64))
     else:
         rank = (tl.cumsum(per_byte, axis=0) - per_byte)[:, None] + (tl.cumsum(f, axis=1) - f)
-        tl.store(values_ptr + base + rank, x, mask=(f != 0) & fits)
+        tl.store(vptr + rank, x, mask=(f != 0) & fits)
     tl.store(tile_offsets_ptr + tile, excl.to(tl.int32))
     tl.atomic_add(res_ptr + 1, count.to(tl.int64))
     if tile == 0:

@@ -67,8 +67,9 @@ def count_kernel(
     tile = tl.program_id(0)
     rows = tl.arange(0, T // 8)
     cols = tl.arange(0, 8)
-    offs = tile.to(tl.int64) * T + rows[:, None] * 8 + cols[None, :]
-    x = tl.load(bits_ptr + offs, mask=offs < n, other=0)
+    local = rows[:, None] * 8 + cols[None, :]  # 32-bit per element; the tile's start is a scalar pointer
+    start = tile.to(tl.int64) * T
+    x = tl.load(bits_ptr + start + local, mask=local < tl.minimum(n - start, T).to(tl.int32), other=0)
     f = (x != 0).to(tl.int32)
     byte = tl.sum(f << cols[None, :], axis=1)
     tl.store(mask_ptr + tile.to(tl.int64) * (T // 8) + rows, byte.to(tl.uint8))
@@ -125,10 +126,10 @@ def compact_kernel(
     """
     tile = tl.program_id(0)
     idx = tl.arange(0, T)
-    offs = tile.to(tl.int64) * T + idx
+    start = tile.to(tl.int64) * T
     if HAS_OK:
         n = tl.where(tl.load(ok_ptr) != 0, n, 0)  # refused: read nothing, so nothing is stored
-    x = tl.load(bits_ptr + offs, mask=offs < n, other=0)
+    x = tl.load(bits_ptr + start + idx, mask=idx < tl.minimum(n - start, T).to(tl.int32), other=0)
     stored = x != 0
     f = stored.to(tl.int32)
     incl = tl.cumsum(f, axis=0)
@@ -258,8 +259,9 @@ def decompress_kernel(
         SIGN_PACK,
         out_ptr.dtype.element_ty,
     )
-    offs = tile.to(tl.int64) * T + tl.arange(0, T // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
-    tl.store(out_ptr + offs, bits, mask=offs < n)
+    local = tl.arange(0, T // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    start = tile.to(tl.int64) * T
+    tl.store(out_ptr + start + local, bits, mask=local < tl.minimum(n - start, T).to(tl.int32))
 
 
 # Triton picks between compiling and interpreting when a kernel is defined (TRITON_INTERPRET=1).

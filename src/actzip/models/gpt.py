@@ -58,6 +58,10 @@ class GPTConfig:
     dropout: float = 0.0  # dropout probability in [0, 1); 0 keeps runs deterministic
     checkpoint_blocks: bool = False  # recompute each block in backward instead of saving its activations
     tie_weights: bool = True  # share the token embedding with the output head (fewer params)
+    # >0: with targets, run the output head and the loss over this many tokens at a time, each chunk's logits
+    # recomputed in backward, so the step never holds the full (tokens x vocab) logits in float32; forward
+    # then returns no logits. 0: the plain head (logits returned).
+    loss_chunk: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
@@ -65,6 +69,8 @@ class GPTConfig:
             # bool is an int subclass; True as a size is almost certainly a mistake.
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"GPTConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.loss_chunk, int) or isinstance(self.loss_chunk, bool) or self.loss_chunk < 0:
+            raise ConfigError(f"GPTConfig.loss_chunk must be an int >= 0, got {self.loss_chunk!r}")
         for name in ("bias", "checkpoint_blocks", "tie_weights"):
             value = getattr(self, name)
             if not isinstance(value, bool):
@@ -217,6 +223,8 @@ class GPT(nn.Module):
             else:
                 x = block(x)
 
+        if targets is not None and self.config.loss_chunk:
+            return None, self._chunked_loss(self.ln_f(x), targets)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
@@ -224,6 +232,20 @@ class GPT(nn.Module):
         loss_logits = logits if logits.dtype == torch.float32 else logits.float()
         loss = F.cross_entropy(loss_logits.view(-1, loss_logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def _chunked_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy computed ``loss_chunk`` tokens at a time; each chunk's logits are recomputed in
+        backward rather than kept (the same arithmetic per token as the plain head; the sum order differs)."""
+        h, targets = h.reshape(-1, h.size(-1)), targets.reshape(-1)
+        total = h.new_zeros((), dtype=torch.float32)
+        for i in range(0, h.size(0), self.config.loss_chunk):
+            j = i + self.config.loss_chunk
+            total = total + checkpoint(self._loss_sum, h[i:j], targets[i:j], use_reentrant=False)
+        return total / targets.numel()
+
+    def _loss_sum(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # Low-precision logits lose too much in log-softmax over the vocabulary.
+        return F.cross_entropy(self.lm_head(h).float(), targets, reduction="sum")
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Number of parameters (shared ones once).
