@@ -63,6 +63,9 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
                 def enc1():
                     E.encode(x, cfg.tile_size, sign_pack, values=one_pass)
 
+                def enc1_pairs():
+                    E.encode(x, cfg.tile_size, sign_pack, values=one_pass, row=2)
+
                 def dec():
                     K.decompress(c.mask, c.tile_offsets, c.values, n, dtype, cfg.tile_size, sign_pack)
 
@@ -77,12 +80,17 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
                     def enc_relu():
                         E.encode(h, cfg.tile_size, False, relu=True, act="relu2", values=one_pass)
 
+                    def enc_relu_pairs():
+                        E.encode(h, cfg.tile_size, False, relu=True, act="relu2", values=one_pass, row=2)
+
                     t_relu = triton.testing.do_bench(enc_relu, warmup=50, rep=300, return_mode="median") / 1e3
+                    t_relu_p = triton.testing.do_bench(enc_relu_pairs, warmup=50, rep=300, return_mode="median") / 1e3
                     moved_relu = 2 * dense + payload
-                    relu_row = {"encode_relu2_s": t_relu, "encode_relu2_frac_copy": moved_relu / t_relu / bw}
+                    relu_row = {"encode_relu2_s": t_relu, "encode_relu2_frac_copy": moved_relu / t_relu / bw,
+                                "encode_relu2_pairs_s": t_relu_p, "encode_relu2_pairs_frac_copy": moved_relu / t_relu_p / bw}
                 timed = {}
                 for _ in range(2):  # interleaved: each variant twice, the best median kept
-                    for key, fn in (("enc", enc), ("enc1", enc1), ("dec", dec)):
+                    for key, fn in (("enc", enc), ("enc1", enc1), ("enc1p", enc1_pairs), ("dec", dec)):
                         t = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") / 1e3
                         timed[key] = min(t, timed.get(key, t))
                 t_enc, t_enc1, t_dec = timed["enc"], timed["enc1"], timed["dec"]
@@ -94,6 +102,8 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
                     "encode_bw": moved / t_enc, "decode_bw": moved / t_dec,
                     "encode_frac_copy": moved / t_enc / bw, "decode_frac_copy": moved / t_dec / bw,
                     "encode_single_pass_s": t_enc1, "encode_single_pass_frac_copy": moved / t_enc1 / bw,
+                    "encode_single_pass_pairs_s": timed["enc1p"],
+                    "encode_single_pass_pairs_frac_copy": moved / timed["enc1p"] / bw,
                     **relu_row,
                 })
                 del values, c, out, one_pass, e1

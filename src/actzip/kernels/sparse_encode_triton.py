@@ -107,6 +107,7 @@ def encode_kernel(
     RELU: tl.constexpr,
     ACT_OUT: tl.constexpr,
     ARENA: tl.constexpr,
+    ROW: tl.constexpr,
 ):
     """Encode one tile; see the module docstring.
 
@@ -116,15 +117,18 @@ def encode_kernel(
     results ``[total, nnz, sign_set, ok, start]`` (see :class:`Encoded`). ``start_ptr``: int64, the byte
     offset of this payload's values in ``values``. With ``ARENA``, ``counters_ptr`` is the arena's int64
     ``[cursor, wanted, high_water, overflows]`` (bytes) and values are written only below ``capacity``
-    elements; the last tile reserves ``total`` (16-byte aligned) or counts the refusal.
+    elements; the last tile reserves ``total`` (16-byte aligned) or counts the refusal. ``ROW``: the tile is
+    handled as ``[T // ROW, ROW]``; with ``ROW`` 8 a thread holds whole mask bytes, with 2 neighbouring
+    lanes hold neighbouring elements, so one store instruction of the compacted values covers one short,
+    contiguous run of the output instead of a strided spread.
     """
     n_tiles = tl.cdiv(n, T)
     tile = tl.atomic_add(work_ptr + n_tiles, 1).to(tl.int64)
     res_ptr = work_ptr + n_tiles + 1
-    rows = tl.arange(0, T // 8)
-    cols = tl.arange(0, 8)
+    rows = tl.arange(0, T // ROW)
+    cols = tl.arange(0, ROW)
     # 64-bit arithmetic once per tile (scalar pointers), 32-bit offsets per element.
-    local = rows[:, None] * 8 + cols[None, :]
+    local = rows[:, None] * ROW + cols[None, :]
     inb = local < tl.minimum(n - tile * T, T).to(tl.int32)
     if RELU:
         h = tl.load(src_ptr + tile * T + local, mask=inb, other=0.0)
@@ -140,7 +144,9 @@ def encode_kernel(
     else:
         x = tl.load(src_ptr + tile * T + local, mask=inb, other=0)
     f = (x != 0).to(tl.int32)
-    tl.store(mask_ptr + tile * (T // 8) + rows, tl.sum(f << cols[None, :], axis=1).to(tl.uint8))
+    f8 = tl.reshape(f, (T // 8, 8))
+    tl.store(mask_ptr + tile * (T // 8) + tl.arange(0, T // 8),
+             tl.sum(f8 << tl.arange(0, 8)[None, :], axis=1).to(tl.uint8))
     per_byte = tl.sum(f, axis=1)
     count = tl.sum(per_byte, axis=0)
     if SIGN_PACK:
@@ -231,6 +237,7 @@ def encode(
     act: str | None = None,
     values: torch.Tensor | None = None,
     arena=None,
+    row: int = 8,
 ) -> Encoded:
     """Encode ``src`` (any dense float tensor; read in memory order if contiguous) in one pass.
 
@@ -241,6 +248,8 @@ def encode(
     cursor and are written only if they fit (``ok``).
     """
     check_tile_size(tile_size)
+    if row not in (2, 8):
+        raise ConfigError(f"sparse encode: row must be 2 or 8 elements, got {row!r}")
     if act not in (None, "relu", "relu2"):
         raise ConfigError(f"sparse encode: act must be None, 'relu' or 'relu2', got {act!r}")
     if act is not None and not relu:
@@ -280,7 +289,7 @@ def encode(
             start_bytes, counters, n, capacity,
             T=tile_size, NBITS=_NBITS[bits_dtype], WIDTH=width, ELEM_BYTES=elem, SIGN_PACK=sign_pack,
             BITS_DTYPE=_TL_BITS[bits_dtype], RELU=relu, ACT_OUT={None: 0, "relu": 1, "relu2": 2}[act],
-            ARENA=arena is not None, num_warps=_num_warps(tile_size),
+            ARENA=arena is not None, ROW=row, num_warps=_num_warps(tile_size),
         )  # fmt: skip
     else:
         res[3].fill_(1)
