@@ -212,3 +212,18 @@ def test_lossy_copy_is_not_shared_with_a_stricter_save():
     # Both operands of the multiply (lin(h) and h itself) get 8-bit copies: h's 4-bit copy is not reused.
     assert rules["nonlinear_input:quant8"].tensors == 2
     assert cache.last.duplicates == 0
+
+
+def test_a_lossy_copy_is_shared_by_saves_the_rules_treat_alike():
+    # q, k and v projections of one input: three saves of the same tensor as a linear input, one 4-bit copy.
+    from actzip.memory.presets import compressed
+
+    torch.manual_seed(0)
+    q, k, v = (nn.Linear(64, 64) for _ in range(3))
+    x = torch.randn(512, 64, requires_grad=True)
+    with compressed("balanced", min_bytes=0) as cache:
+        h = x * 2.0
+        y = (q(h) + k(h) + v(h)).sum()
+    y.backward()
+    assert cache.last.by_rule["linear_input:quant4"].tensors == 1
+    assert cache.last.duplicates == 2

@@ -35,9 +35,10 @@ Safety rule, kept by every preset: a ``nonlinear_input`` is stored losslessly or
 Quantized tensors use ``check=False``: a non-finite value makes its group decode to NaN (so a gradient scaler
 still sees the overflow) instead of raising inside the forward pass.
 
-A tensor saved twice is stored once only when its first copy is lossless; a lossy first copy is never shared,
-so a tensor saved first as a linear input and later by a nonlinear function (``lin(h) * h``) gets its own
-8-bit copy for the second save.
+A tensor saved twice is stored once when its first copy is lossless, or when the rules treat the second save
+exactly as the first (the q, k and v projections of one input share one 4-bit copy); otherwise the second
+save gets its own copy, so a tensor saved first as a linear input and later by a nonlinear function
+(``lin(h) * h``) gets an 8-bit copy for the second save.
 
 ``treatments={role: how}`` overrides a preset's treatment of a role; ``how`` is ``kept``, ``sparse`` or
 ``quant<bits>-<sr|rn>`` (bits 1, 2, 4 or 8), each optionally followed by ``+offload``. ``offload=True`` adds

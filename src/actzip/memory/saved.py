@@ -90,6 +90,7 @@ class ActivationCache:
         self._hooks = None
         self._account: StepAccount | None = None
         self._seen: dict[tuple, tuple[StorageWeakRef, weakref.ref]] = {}
+        self._rule_of: dict[int, Rule | None] = {}  # id of a live lossy save -> the rule that made it
 
     @classmethod
     def count_only(cls) -> "ActivationCache":
@@ -107,6 +108,7 @@ class ActivationCache:
             raise RuntimeError("ActivationCache is already active; it cannot be entered twice at once")
         self._account = StepAccount()
         self._seen.clear()
+        self._rule_of.clear()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         _ACTIVE.append(self)
@@ -119,6 +121,7 @@ class ActivationCache:
         self.history.append(self._account)
         self._account = None
         self._seen.clear()
+        self._rule_of.clear()
 
     # -- hooks -------------------------------------------------------------------------------------------
 
@@ -135,18 +138,26 @@ class ActivationCache:
                 storage_ref, saved_ref = hit
                 saved = saved_ref()
                 # The storage is still alive, so the same address means the same data (no reuse). A lossy copy
-                # is never shared: the second save may need more precision than the first got.
-                lossless = saved is not None and (saved.codec is None or saved.codec.lossless)
-                if lossless and not storage_ref.expired():
+                # is shared only with a save the rules treat the same way (same role, same codec): another
+                # save may need more precision than the first got.
+                shareable = saved is not None and (
+                    saved.codec is None or saved.codec.lossless or self._rule_for(t) is self._rule_of.get(id(saved))
+                )
+                if shareable and not storage_ref.expired():
                     self._account.duplicates += 1
                     self._account.duplicate_bytes += t.numel() * t.element_size()
                     return saved
-        saved = self._store(t)
+        saved, rule = self._store(t)
         if key is not None:
             self._seen[key] = (StorageWeakRef(t.untyped_storage()), weakref.ref(saved))
+            if saved.codec is not None and not saved.codec.lossless:
+                self._rule_of[id(saved)] = rule  # read only while `saved` is alive (checked above)
         return saved
 
-    def _store(self, t: torch.Tensor) -> _Saved:
+    def _rule_for(self, t: torch.Tensor) -> Rule | None:
+        return next((rule for rule in self.rules if rule.matches(t)), None)
+
+    def _store(self, t: torch.Tensor) -> tuple[_Saved, Rule | None]:
         dense = t.numel() * t.element_size()
         for rule in self.rules:
             if rule.matches(t):
@@ -160,9 +171,9 @@ class ActivationCache:
                 if rule.offload is not None:  # to pinned CPU memory; `stored` becomes the device bytes kept
                     saved, stored = rule.offload.stash(saved, stored)
                 self._account.add(name, dense, stored)
-                return saved
+                return saved, rule
         self._account.add("unmatched", dense, dense)
-        return _Saved(t, None, None)
+        return _Saved(t, None, None), None
 
     def pack(self, t: torch.Tensor) -> _Saved:
         """Store ``t`` as the hooks would (for code that installs hooks of its own inside the block)."""
