@@ -187,12 +187,15 @@ def _presets_section(path: Path, root: Path) -> str:
 def _cache_section(path: Path, root: Path) -> str:
     rec = json.loads(path.read_text())
     c = rec["config"]
+    vocab = "each model's own vocabulary" if c["vocab_size"] is None else f"vocabulary {c['vocab_size']}"
+    head = (f"the loss is computed {c['loss_chunk']} tokens at a time, each chunk's logits recomputed in backward"
+            if c.get("loss_chunk") else "\"w/o head\" leaves out the loss head's float32 log-softmax "
+            "(tokens × vocab), which every strategy keeps")
     lines = [
-        "\n## Activation cache: bytes, peak memory and step time per strategy\n",
+        f"\n## Activation cache: bytes, peak memory and step time per strategy ({c['gpt_preset']} size, {vocab})\n",
         f"{c['dtype']}, AdamW, {c['batch_size']} x {c['seq_len']} tokens of the embedded corpus per step, one set of "
         "weights per model shared by all strategies, interleaved step by step (median). Saved bytes: distinct "
-        "activations autograd keeps for backward (parameters and inputs excluded), measured in one probe step; "
-        "\"blocks ×\" leaves out the loss head's float32 log-softmax (tokens × vocab), which every strategy keeps. "
+        f"activations autograd keeps for backward (parameters and inputs excluded), measured in one probe step; {head}. "
         "Peak: the step's maximum allocation, weights, gradients and AdamW state included. Gradient error: "
         "|g − g_none| / |g_none| on the same weights and batch.\n",
         _provenance(rec, path, root) + "\n",
@@ -202,12 +205,12 @@ def _cache_section(path: Path, root: Path) -> str:
     for m in rec["models"]:
         res = "" if m.get("resident_bytes") is None else f", {m['resident_bytes'] / 2**30:.2f} GiB resident"
         lines += [f"\n### {m['model']}: {m['params'] / 1e6:.1f}M params, vocabulary {m['vocab_size']}{res}\n",
-                  "| strategy | saved MiB | × smaller | blocks × | peak GiB | vs none | step ms | vs none | grad rel. error |",
+                  "| strategy | saved MiB | × smaller | w/o head | peak GiB | vs none | step ms | vs none | grad rel. error |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in m["runs"]:
             peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}"
             prel = "" if r["peak_vs_none"] is None else f"{r['peak_vs_none'] - 1:+.1%}"
-            xb = "n/a" if r["x_smaller_blocks"] is None else f"{r['x_smaller_blocks']:.2f}"
+            xb = "n/a" if r["x_smaller_without_head"] is None else f"{r['x_smaller_without_head']:.2f}"
             lines.append(f"| {r['strategy']} | {r['bytes_saved'] / 2**20:,.1f} | {r['x_smaller']:.2f} | {xb} | {peak} | "
                          f"{prel} | {r['median_ms']:.1f} | {r['time_vs_none'] - 1:+.1%} | {r['grad_rel_error']:.3g} |")
     lines.append("\nTargets (the loss gaps after 2000 steps are in the presets sections):\n")
@@ -220,7 +223,7 @@ def _lora_section(path: Path, root: Path) -> str:
     c, m, pre = rec["config"], rec["model"], rec["pretrain"]
     lines = [
         f"\n## LoRA fine-tuning with compressed activations ({c['name']})\n",
-        f"Llama-style model from a local config ({m['params'] / 1e6:.1f}M params, d={m['hidden']}, {m['layers']} layers, "
+        (f"Llama-style model from a local config ({m['params'] / 1e6:.1f}M params, d={m['hidden']}, {m['layers']} layers, "
         f"byte vocabulary, {c['dtype']}), pretrained {pre['steps']} steps on the embedded corpus (loss "
         f"{pre['final_loss']:.3f}), then peft LoRA (r={c['rank']}, alpha={c['alpha']:g}, dropout {c['dropout']}, every "
         f"linear layer, adapters {'float32 (peft default)' if c['adapter_dtype'] == 'peft' else 'in the model dtype'}) "
@@ -229,10 +232,10 @@ def _lora_section(path: Path, root: Path) -> str:
         f"{rec['task']['test_size']} test examples). Same weights, adapter init, batches and dropout masks for every "
         "method; steps interleaved. Peak = step peak with the other methods' held memory taken out (CUDA only); "
         "saved = bytes autograd keeps after the forward of one probe batch (parameters excluded; not counted under "
-        "checkpointing).\n",
+        "checkpointing).\n"),
         _provenance(rec, path, root) + "\n",
-        "| method | step ms | vs lora | peak MiB | vs lora | saved KiB/token | vs lora | final train loss | test accuracy "
-        "| Δ points |",
+        ("| method | step ms | vs lora | peak MiB | vs lora | saved KiB/token | vs lora | final train loss "
+         "| test accuracy | Δ points |"),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rec["runs"]:
@@ -243,13 +246,15 @@ def _lora_section(path: Path, root: Path) -> str:
         lines.append(f"| {r['method']} | {r['median_ms']:,.1f} | {r['time_vs_lora'] - 1:+.1%} | {peak} | {peak_rel} | "
                      f"{saved} | {saved_rel} | {r['final_train_loss']:.4f} | {r['test_accuracy']:.1%} | "
                      f"{r['accuracy_vs_lora_points']:+.1f} |")
-    care = next((r for r in rec["runs"] if r["method"] == "care"), None)
-    if care is not None:
-        e = care["grad_a_rel_error"]
-        lines.append(f"\nCARE grad_A relative error against exact LoRA after fine-tuning (same weights and batch): "
-                     f"median over layers {e['median']:.1%}, all layers together {e['global']:.1%}, range "
-                     f"{e['min']:.1%} to {e['max']:.1%}; every grad_B bit-identical to LoRA's: {e['grad_b_bit_identical']}. "
-                     "Targets: " + ", ".join(f"{k} {v}" for k, v in rec["targets"].items()) + ".")
+    lines.append("\ngrad_A relative error against exact LoRA after fine-tuning, on the same weights and batch "
+                 "(`care+K`: K extra sketch columns kept):\n")
+    for r in rec["runs"]:
+        e = r.get("grad_a_rel_error")
+        if e is not None:
+            lines.append(f"- `{r['method']}`: median over layers {e['median']:.1%}, all layers together "
+                         f"{e['global']:.1%}, range {e['min']:.1%} to {e['max']:.1%}; every grad_B bit-identical to "
+                         f"LoRA's: {e['grad_b_bit_identical']}")
+    lines.append("\nCARE targets: " + ", ".join(f"{k} {v}" for k, v in rec["targets"].items()) + ".")
     return "\n".join(lines) + "\n"
 
 
