@@ -2,14 +2,14 @@
 
 A tensor ``x`` of shape ``[..., d]`` is kept as ``x S``, shape ``[..., k]``, for a random ``d x k`` matrix ``S``
 with ``E[S S^T] = I``; it decodes to ``x S S^T``, so ``E[decode(encode(x))] = x``. ``S`` is never stored: it is
-rebuilt from ``(seed, d, k, kind)`` by :func:`sketch_matrix`, which draws on a private CPU ``torch.Generator``
-and then moves the result, so the same seed gives the same ``S`` on every device, and the global RNG is never
-touched.
+rebuilt from ``(seed, d, k, kind)`` by :func:`sketch_matrix`, so the same seed gives the same ``S`` on every
+device, and the global RNG is never touched.
 
 Kinds of ``S``:
 
-- ``"gaussian"``: iid ``N(0, 1/k)`` entries;
-- ``"sign"``: iid ``+-1/sqrt(k)`` entries (Rademacher), cheaper to draw, and of lower variance.
+- ``"gaussian"``: iid ``N(0, 1/k)`` entries, drawn on a private CPU generator and moved;
+- ``"sign"``: iid ``+-1/sqrt(k)`` entries (Rademacher) from an integer hash evaluated on the tensor's own
+  device: no host work, and of lower variance.
 
 Format: one buffer ``xs`` (``x S`` in ``x``'s dtype, computed in float32, float64 for float64 tensors); the
 meta holds the seed, kind, ``rank = k`` and ``d``. ``nbytes`` is that of ``xs`` alone.
@@ -66,20 +66,27 @@ def sketch_matrix(
 ) -> torch.Tensor:
     """The ``d x k`` sketch matrix for ``seed``, with ``E[S S^T] = I``.
 
-    Drawn in float64 on a private CPU generator seeded with ``seed`` (the global RNG is untouched), scaled,
-    then cast to ``dtype`` and moved to ``device``: the same arguments give the same matrix on every device.
-    ``"gaussian"``: entries ``N(0, 1/k)``; ``"sign"``: entries ``+-1/sqrt(k)``.
+    The same arguments give the same matrix on every device, and the global RNG is untouched.
+    ``"gaussian"``: entries ``N(0, 1/k)``, drawn in float64 on a private CPU generator, then cast and moved
+    (host work and a transfer per call). ``"sign"``: entries ``+-1/sqrt(k)`` from a counter-based integer hash
+    evaluated on ``device`` itself (cheap; what :class:`~actzip.memory.linear.SketchedLinear` uses by default).
     """
     check_kind("sketch_matrix", kind)
     check_rank("sketch_matrix", k)
     if not isinstance(d, int) or isinstance(d, bool) or d < 0:
         raise ConfigError(f"sketch_matrix: d must be a non-negative int, got {d!r}")
+    if kind == "sign":
+        # Integer hash of (seed, index) computed where S is needed: no host work, no transfer, and the same
+        # bits on every device (the hash is integer arithmetic and the threshold test is exact).
+        from actzip.codecs.quant import hash_uniform, stream_keys
+
+        index = torch.arange(d * k, dtype=torch.int64, device=device)
+        u = hash_uniform(index, stream_keys(seed, 0))
+        signs = (u < 0.5).to(torch.float64).mul_(2).sub_(1)  # float64, then cast, as the gaussian kind
+        return signs.mul_(1.0 / math.sqrt(k)).view(d, k).to(dtype)
     g = torch.Generator(device="cpu")
     g.manual_seed(seed)
-    if kind == "gaussian":
-        s = torch.randn(d, k, generator=g, dtype=torch.float64)
-    else:
-        s = torch.randint(0, 2, (d, k), generator=g, dtype=torch.int8).to(torch.float64).mul_(2).sub_(1)
+    s = torch.randn(d, k, generator=g, dtype=torch.float64)
     s.mul_(1.0 / math.sqrt(k))
     return s.to(device=device, dtype=dtype)
 

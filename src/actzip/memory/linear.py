@@ -79,7 +79,8 @@ class SketchedLinear(nn.Module):
     Args:
       linear: the ``nn.Linear`` to wrap (its parameters are shared, not copied).
       rank: sketch width ``k`` (an int >= 1); the saved input is ``k / in_features`` of ``x``.
-      kind: ``"gaussian"`` or ``"sign"`` (see :mod:`actzip.codecs.sketch`).
+      kind: ``"sign"`` (default: drawn on the device, no host work) or ``"gaussian"`` (drawn on the host and
+        moved, each call) (see :mod:`actzip.codecs.sketch`).
       seed: base seed. The ``i``-th forward with gradients (from 0) sketches with seed
         ``derive_seed(seed, i)``, so every step draws a fresh ``S``; ``last_seed`` holds the latest one.
       factored_grad: also keep the weight gradient as factors. After backward,
@@ -100,7 +101,7 @@ class SketchedLinear(nn.Module):
         linear: nn.Linear,
         *,
         rank: int,
-        kind: str = "gaussian",
+        kind: str = "sign",
         seed: int = 0,
         factored_grad: bool = False,
     ) -> None:
