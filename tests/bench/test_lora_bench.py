@@ -1,0 +1,68 @@
+"""The LoRA fine-tuning benchmark end to end on a micro configuration, its CLI and its report section."""
+
+import json
+
+import pytest
+
+pytest.importorskip("peft")
+pytest.importorskip("transformers")
+
+import torch
+
+from actzip.bench.lora import LoRABenchConfig, run_lora
+from actzip.bench.report import build
+from actzip.cli import main
+from actzip.core.errors import ConfigError
+from actzip.data.tasks import SnippetTaskConfig
+
+
+def micro(**kw):
+    return LoRABenchConfig(name="micro", hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, pretrain_steps=3,
+                           pretrain_batch=4, pretrain_seq=32, corpus_bytes=200_000, rank=4, steps=4, warmup=1,
+                           batch_size=4, eval_batch=32,
+                           task=SnippetTaskConfig(min_len=16, max_len=32, train_size=32, test_size=16), **kw)
+
+
+def test_run_lora_records_every_method(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    rec = run_lora(micro(), torch.device("cpu"))
+    runs = {r["method"]: r for r in rec["runs"]}
+    assert list(runs) == ["lora", "lora+checkpoint", "fa", "care"]
+    assert all(r["rounds"] == 3 and 0 <= r["test_accuracy"] <= 1 for r in runs.values())
+    assert runs["lora+checkpoint"]["saved_bytes"] is None and runs["lora"]["saved_vs_lora"] == 1.0
+    assert runs["care"]["saved_vs_lora"] < 0.8 and runs["fa"]["saved_vs_lora"] < 0.8  # X no longer kept
+    lora_layers = runs["lora"]["saved_bytes"]["block0_lora_layers"]
+    care_layers = runs["care"]["saved_bytes"]["block0_lora_layers"]
+    assert set(lora_layers) == set(care_layers) and all(care_layers[k] < lora_layers[k] for k in lora_layers)
+    # checkpointing changes no number: same weights, batches and dropout masks
+    assert runs["lora+checkpoint"]["train_loss"] == runs["lora"]["train_loss"]
+    err = runs["care"]["grad_a_rel_error"]
+    assert err["grad_b_bit_identical"] and 0 < err["median"] < 2 and len(err["by_layer"]) == 7
+    assert runs["fa"]["trainable_params"] < runs["care"]["trainable_params"] == runs["lora"]["trainable_params"]
+    assert runs["care"]["layers_compressed"] == 7 and runs["care"]["layers_plain"] == []
+    assert rec["targets"]["peak_at_most_0.7x_lora"] is None  # no peak on the CPU
+    assert rec["machine"]["torch"] == torch.__version__
+
+
+def test_cli_and_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    out = tmp_path / "results" / "cpu" / "lora-test.json"
+    rc = main(["bench", "lora", "--config", "quick", "--methods", "lora,care", "--steps", "4", "--pretrain-steps", "2",
+               "--batch-size", "2", "--rank", "2", "--device", "cpu", "--json", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["command"].startswith("actzip bench lora --config quick") and rec["config"]["rank"] == 2
+    assert [r["method"] for r in rec["runs"]] == ["lora", "care"]
+    (tmp_path / "docs").mkdir()
+    text = build(tmp_path)
+    assert "## LoRA fine-tuning with compressed activations (quick)" in text and "| care |" in text
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError, match="qlora"):
+        LoRABenchConfig(methods=("lora", "qlora"))
+    with pytest.raises(ConfigError, match="'lora'"):
+        LoRABenchConfig(methods=("care",))
+    with pytest.raises(ConfigError, match="unknown"):
+        LoRABenchConfig.preset("a100")
+    assert LoRABenchConfig.preset("h200").dtype == "bfloat16"

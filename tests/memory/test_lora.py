@@ -1,0 +1,318 @@
+"""Compressed LoRA linear: exact output / grad_X / grad_B, CARE's grad_A, the fit, and what is kept."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from actzip.core.errors import ConfigError
+from actzip.memory import ActivationCache
+from actzip.memory.lora import (
+    LoRACompression,
+    LoRALinear,
+    fit_reconstruction,
+    lora_linear,
+    row_mask,
+    saved_bytes_by_module,
+    solve_ridge,
+)
+
+D_IN, D_OUT, R = 48, 40, 4
+
+
+def plain_lora(x, base, a, b, b_bias, scale, p):
+    """peft's LoRA forward under autograd: base(x) + lora_B(lora_A(dropout(x))) * scaling."""
+    result = base(x)
+    xa = x.to(a.dtype)
+    h = F.dropout(xa, p, True) if p > 0 else xa
+    return (result + F.linear(F.linear(h, a), b, b_bias) * scale).to(result.dtype)
+
+
+def make(dtype=torch.float32, adapter_dtype=None, bias=True, lora_bias=False):
+    base = nn.Linear(D_IN, D_OUT, bias=bias).to(dtype).requires_grad_(False)
+    adt = adapter_dtype or dtype
+    a = (torch.randn(R, D_IN) / D_IN**0.5).to(adt).requires_grad_()
+    b = (torch.randn(D_OUT, R) / R**0.5).to(adt).requires_grad_()
+    bb = torch.randn(D_OUT).to(adt).requires_grad_() if lora_bias else None
+    return base, a, b, bb
+
+
+def grads(fn, x0, g, params, seed=5):
+    x = x0.clone().requires_grad_()
+    for prm in params:
+        prm.grad = None
+    torch.manual_seed(seed)
+    y = fn(x)
+    y.backward(g)
+    return [y.detach(), x.grad] + [prm.grad for prm in params]
+
+
+@pytest.mark.parametrize("dtype,adapter_dtype", [(torch.float32, None), (torch.bfloat16, None),
+                                                 (torch.bfloat16, torch.float32), (torch.float64, None)])
+@pytest.mark.parametrize("bias,lora_bias", [(True, False), (False, True)])
+@pytest.mark.parametrize("p", [0.0, 0.1])
+@pytest.mark.parametrize("method", ["lora", "fa", "care"])
+def test_output_grad_x_grad_b_bit_identical_to_plain_lora(dtype, adapter_dtype, bias, lora_bias, p, method):
+    base, a, b, bb = make(dtype, adapter_dtype, bias, lora_bias)
+    if method == "fa":
+        a.requires_grad_(False)
+    params = [t for t in (a, b, bb) if t is not None and t.requires_grad]
+    x0 = torch.randn(3, 7, D_IN).to(dtype)
+    g = torch.randn(3, 7, D_OUT).to(dtype)
+    ref = grads(lambda x: plain_lora(x, base, a, b, bb, 2.0, p), x0, g, params)
+    got = grads(lambda x: lora_linear(x, base.weight, base.bias, a, b, bb, scale=2.0, p=p,
+                                      config=LoRACompression(method=method)), x0, g, params)
+    names = ["y", "grad_x"] + [n for n, t in (("grad_a", a), ("grad_b", b), ("grad_b_bias", bb))
+                               if t is not None and t.requires_grad]
+    for name, r0, r1 in zip(names, ref, got):
+        if name == "grad_a" and method == "care":
+            assert r1.shape == r0.shape and r1.dtype == r0.dtype and torch.isfinite(r1).all()
+        else:
+            assert torch.equal(r0, r1), name
+
+
+def test_frozen_base_bias_gradient_exact():
+    base, a, b, _ = make()
+    base.bias.requires_grad_()
+    x0, g = torch.randn(5, 9, D_IN), torch.randn(5, 9, D_OUT)
+    ref = grads(lambda x: plain_lora(x, base, a, b, None, 1.0, 0.0), x0, g, [base.bias])
+    got = grads(lambda x: lora_linear(x, base.weight, base.bias, a, b, scale=1.0), x0, g, [base.bias])
+    assert torch.equal(ref[2], got[2])
+
+
+@pytest.mark.parametrize("k", [R, R - 2])  # rank(X) = r, and rank(X) < r (ZᵀZ singular)
+def test_care_grad_a_exact_when_x_in_a_low_dimensional_row_space(k):
+    torch.manual_seed(1)
+    base, a, b, _ = make(torch.float64)
+    x0 = torch.randn(300, k, dtype=torch.float64) @ torch.randn(k, D_IN, dtype=torch.float64)
+    g = torch.randn(300, D_OUT, dtype=torch.float64)
+    ref = grads(lambda x: plain_lora(x, base, a, b, None, 1.5, 0.0), x0, g, [a])
+    got = grads(lambda x: lora_linear(x, base.weight, base.bias, a, b, scale=1.5,
+                                      config=LoRACompression(lam=1e-12)), x0, g, [a])
+    rel = (got[2] - ref[2]).norm() / ref[2].norm()
+    assert rel < 1e-8
+
+
+def test_extra_rank_makes_grad_a_exact_when_x_has_rank_up_to_r_plus_k():
+    torch.manual_seed(7)
+    base, a, b, _ = make(torch.float64)
+    x0 = torch.randn(300, R + 6, dtype=torch.float64) @ torch.randn(R + 6, D_IN, dtype=torch.float64)
+    g = torch.randn(300, D_OUT, dtype=torch.float64)
+    ref = grads(lambda x: plain_lora(x, base, a, b, None, 1.0, 0.0), x0, g, [a, b])
+    errors = {}
+    for k in (0, 6):
+        cfg = LoRACompression(lam=1e-12, extra_rank=k)
+        got = grads(lambda x, cfg=cfg: lora_linear(x, base.weight, base.bias, a, b, scale=1.0, config=cfg), x0, g,
+                    [a, b])
+        assert torch.equal(got[1], ref[1]) and torch.equal(got[3], ref[3])  # grad_x, grad_b unchanged
+        errors[k] = float((got[2] - ref[2]).norm() / ref[2].norm())
+    assert errors[0] > 0.1 and errors[6] < 1e-8
+
+
+def test_care_grad_a_is_the_gradient_on_the_reconstruction():
+    torch.manual_seed(2)
+    base, a, b, _ = make()
+    x0, g = torch.randn(64, D_IN), torch.randn(64, D_OUT)
+    got = grads(lambda x: lora_linear(x, base.weight, base.bias, a, b, scale=1.0), x0, g, [a])
+    z = x0 @ a.detach().t()
+    m = fit_reconstruction(z, x0, 1e-6)
+    dz = g @ b.detach()
+    torch.testing.assert_close(got[2], dz.t() @ (z @ m), rtol=1e-4, atol=1e-5)
+
+
+def test_fit_is_robust_and_never_silently_finite_on_bad_input():
+    h = torch.randn(50, D_IN)
+    assert torch.equal(fit_reconstruction(torch.zeros(50, R), h, 1e-6), torch.zeros(R, D_IN))
+    z = torch.randn(50, 1).repeat(1, R)  # rank one: ZᵀZ singular
+    m = fit_reconstruction(z, h, 1e-6)
+    assert torch.isfinite(m).all()
+    torch.testing.assert_close(z @ m, z[:, :1] @ torch.linalg.lstsq(z[:, :1], h).solution, rtol=1e-3, atol=1e-4)
+    bad = h.clone()
+    bad[3, 4] = float("nan")
+    assert torch.isnan(fit_reconstruction(torch.randn(50, R), bad, 1e-6)).any()
+    g = torch.full((1, R, R), float("nan"))
+    assert torch.isnan(solve_ridge(g, torch.ones(1, R, D_IN), 1e-6)).all()
+
+
+def test_fit_in_float32_for_bfloat16_and_chunked():
+    z, h = torch.randn(100, R).bfloat16(), torch.randn(100, D_IN).bfloat16()
+    m = fit_reconstruction(z, h, 1e-6, chunk_rows=7)
+    assert m.dtype == torch.float32
+    torch.testing.assert_close(m, fit_reconstruction(z.float(), h.float(), 1e-6), rtol=1e-4, atol=1e-5)
+
+
+def test_row_mask_leaves_padding_rows_out_of_the_fit():
+    torch.manual_seed(3)
+    z, h = torch.randn(40, R), torch.randn(40, D_IN)
+    mask = torch.ones(40)
+    mask[25:] = 0
+    garbage = h.clone()
+    garbage[25:] = 1e4
+    torch.testing.assert_close(fit_reconstruction(z, garbage, 1e-6, rows=mask), fit_reconstruction(z[:25], h[:25], 1e-6))
+    # through the layer: padded rows (whose output gradient is zero) change nothing
+    base, a, b, _ = make()
+    g = torch.randn(2, 20, D_OUT)
+    g[1, 5:] = 0
+    x_pad = torch.randn(2, 20, D_IN)
+    x_other = x_pad.clone()
+    x_other[1, 5:] = 50.0
+    attn = torch.ones(2, 20)
+    attn[1, 5:] = 0
+    out = []
+    for x0 in (x_pad, x_other):
+        with row_mask(attn):
+            out.append(grads(lambda x: lora_linear(x, base.weight, base.bias, a, b, scale=1.0), x0, g, [a])[2])
+    torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["bitmask", "bool", "regenerate"])
+def test_dropout_fit_on_the_dropped_input_and_rng_left_as_plain(mode):
+    base, a, b, _ = make()
+    x0, g = torch.randn(6, 10, D_IN), torch.randn(6, 10, D_OUT)
+    cfg = LoRACompression(dropout_mask=mode)
+    got = grads(lambda x: lora_linear(x, base.weight, base.bias, a, b, scale=1.0, p=0.3, config=cfg), x0, g, [a])
+    after_compressed = torch.rand(3)
+    grads(lambda x: plain_lora(x, base, a, b, None, 1.0, 0.3), x0, g, [a])
+    after_plain = torch.rand(3)
+    assert torch.equal(after_compressed, after_plain)  # same draws consumed; backward put the generator back
+    torch.manual_seed(5)
+    h = F.dropout(x0, 0.3, True).reshape(-1, D_IN)
+    z = h @ a.detach().t()
+    m = fit_reconstruction(z, h, 1e-6)
+    dz = g.reshape(-1, D_OUT) @ b.detach()
+    torch.testing.assert_close(got[2], dz.t() @ z @ m, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["lora", "fa", "care"])
+def test_saved_tensors_never_keep_x(method):
+    base, a, b, _ = make()
+    if method == "fa":
+        a.requires_grad_(False)
+    x_leaf = torch.randn(8, 16, D_IN, requires_grad=True)
+    x = x_leaf * 2  # an intermediate activation: alive only while something keeps it
+    alive = StorageWeakRef(x.untyped_storage())
+    cfg = LoRACompression(method=method)
+    owner = nn.ParameterList([base.weight, base.bias, a, b])  # parameters are not activations: left out
+    inputs = [x]
+    del x
+    by, y = saved_bytes_by_module(owner, lambda: lora_linear(inputs.pop(), base.weight, base.bias, a, b, scale=1.0,
+                                                             config=cfg))
+    n = 8 * 16
+    z_bytes = n * R * 4
+    if method == "lora":
+        assert not alive.expired()
+        assert by[""] == z_bytes + n * D_IN * 4
+    else:
+        assert alive.expired()  # nothing saved for backward holds X: neither the branch nor the frozen base
+        assert by[""] == z_bytes + (R * R * 4 + R * D_IN * 4 if method == "care" else 0)
+    y.sum().backward()
+    assert x_leaf.grad is not None
+
+
+@pytest.mark.parametrize("mode,mask_bytes", [("bitmask", (8 * 15 * D_IN + 7) // 8), ("bool", 8 * 15 * D_IN),
+                                             ("regenerate", 0)])
+def test_dropout_mask_kept_as_bits_or_not_at_all(mode, mask_bytes):
+    base, a, b, _ = make()
+    b.requires_grad_(False)
+    a.requires_grad_(False)
+    x = torch.randn(8, 15, D_IN, requires_grad=True)
+    owner = nn.ParameterList([base.weight, base.bias, a, b])
+    cfg = LoRACompression(method="fa", dropout_mask=mode)
+    by, y = saved_bytes_by_module(owner, lambda: lora_linear(x * 1, base.weight, base.bias, a, b, scale=1.0, p=0.2,
+                                                             config=cfg))
+    assert by[""] == 8 * 15 * R * 4 + mask_bytes
+    y.sum().backward()
+
+
+def test_accounting_does_not_keep_the_graph_alive():
+    x = torch.randn(64, 64, requires_grad=True)
+    kept = []
+
+    def run():
+        y = torch.relu(x * 2)  # relu saves its own output: returning it as is from a pack hook would make a cycle
+        kept.append(StorageWeakRef(y.untyped_storage()))
+        return y.sum()
+
+    by, out = saved_bytes_by_module(nn.Module(), run)
+    assert by[""] == 64 * 64 * 4
+    del out
+    assert kept[0].expired()
+
+
+def test_plain_lora_keeps_x_for_comparison():
+    base, a, b, _ = make()
+    x = torch.randn(8, 16, D_IN, requires_grad=True) * 2
+    alive = StorageWeakRef(x.untyped_storage())
+    y = plain_lora(x, base, a, b, None, 1.0, 0.0)
+    del x
+    assert not alive.expired()
+    y.sum().backward()
+
+
+def test_activation_cache_accounts_the_input_not_kept():
+    base, a, b, _ = make()
+    x = torch.randn(8, 16, D_IN, requires_grad=True)
+    cache = ActivationCache.count_only()
+    with cache:
+        y = lora_linear(x * 1, base.weight, base.bias, a, b, scale=1.0)
+    y.sum().backward()
+    stats = cache.last.by_rule["lora_care:input_not_kept"]
+    assert stats.dense_bytes == 8 * 16 * D_IN * 4 and stats.stored_bytes == 0
+
+
+def test_layers_of_one_step_share_one_batched_solve():
+    torch.manual_seed(4)
+    first = LoRALinear(nn.Linear(D_IN, D_IN), rank=R)
+    second = LoRALinear(nn.Linear(D_IN, D_OUT), rank=R)
+    nn.init.normal_(first.lora_B.weight)
+    nn.init.normal_(second.lora_B.weight)
+    x, g = torch.randn(30, D_IN, requires_grad=True), torch.randn(30, D_OUT)
+    h = first(x)
+    (second(h) * g).sum().backward()
+    # the second layer's grad_A equals the one from its own, unbatched fit
+    z = h.detach() @ second.lora_A.weight.detach().t()
+    m = fit_reconstruction(z, h.detach(), 1e-6)
+    expected = (g @ second.lora_B.weight.detach()).t() @ z @ m
+    torch.testing.assert_close(second.lora_A.weight.grad, expected, rtol=1e-4, atol=1e-5)
+    assert first.lora_A.weight.grad is not None
+
+
+def test_standalone_module():
+    torch.manual_seed(6)
+    lin = nn.Linear(D_IN, D_OUT)
+    mod = LoRALinear(lin, rank=R, alpha=8, dropout=0.1, method="care")
+    assert set(mod.state_dict()) == {"base.weight", "base.bias", "lora_A.weight", "lora_B.weight"}
+    assert not lin.weight.requires_grad and mod.scaling == 2.0
+    nn.init.normal_(mod.lora_B.weight)
+    x = torch.randn(4, 5, D_IN)
+    mod.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(mod(x), lin(x) + x @ mod.delta_weight().t(), rtol=1e-5, atol=1e-5)
+    mod.train()
+    mod(x.requires_grad_()).sum().backward()
+    assert mod.lora_A.weight.grad is not None and mod.stats["calls"] == 1
+    fa = LoRALinear(nn.Linear(D_IN, D_OUT), rank=R, method="fa")
+    assert not fa.lora_A.weight.requires_grad
+    assert "method='care'" in repr(mod)
+
+
+@pytest.mark.parametrize("kw,match", [({"method": "qlora"}, "qlora"), ({"lam": 0}, "lam"),
+                                      ({"lam": float("inf")}, "lam"), ({"fit_chunk_rows": 0}, "fit_chunk_rows"),
+                                      ({"extra_rank": -1}, "extra_rank"), ({"method": "fa", "extra_rank": 2}, "'fa'"),
+                                      ({"dropout_mask": "keep"}, "dropout_mask")])
+def test_config_errors_name_the_option(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        LoRACompression(**kw)
+
+
+def test_errors_for_what_the_layer_cannot_take():
+    base, a, b, _ = make()
+    with pytest.raises(ConfigError, match="base weight requires grad"):
+        lora_linear(torch.randn(2, D_IN), base.weight.detach().requires_grad_(), None, a, b, scale=1.0)
+    with pytest.raises(ConfigError, match="'fa'"):
+        lora_linear(torch.randn(2, D_IN), base.weight, None, a, b, scale=1.0, config=LoRACompression(method="fa"))
+    with pytest.raises(ConfigError, match="nn.Linear"):
+        LoRALinear(nn.Conv1d(2, 2, 1), rank=2)
+    with pytest.raises(ConfigError, match="rank"):
+        LoRALinear(nn.Linear(2, 2), rank=0)
