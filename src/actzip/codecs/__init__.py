@@ -6,7 +6,9 @@
 """
 
 from actzip.codecs import passthrough, quant, sketch, sparse  # noqa: F401  (registers the codecs)
+from actzip.codecs import mask  # noqa: F401  (registers the codec)
 from actzip.codecs.base import Codec
+from actzip.codecs.mask import MaskCodec
 from actzip.codecs.quant import FP8Codec, QuantCodec
 from actzip.codecs.sketch import SketchCodec, sketch_matrix
 from actzip.codecs.sparse import EntropyBound, SparseCodec, entropy_bound
@@ -17,6 +19,7 @@ __all__ = [
     "Codec",
     "EntropyBound",
     "FP8Codec",
+    "MaskCodec",
     "Payload",
     "QuantCodec",
     "SketchCodec",

@@ -1,0 +1,544 @@
+"""Pipeline training over slow links: dense vs each boundary compressor (``actzip bench wire``).
+
+The reference GPT is split into ``stages`` pipeline stages and trained from the same initial weights on the
+same batches once per compressor entry: ``dense``, the byte codecs applied to the dense boundary (``quant``,
+``mask``, ``topk``, ``delta``) and the stage-boundary compressors built into the stages
+(:func:`actzip.wire.stages.build_stages`: ``subspace``, ``bottleneck``, ``stiefel``, ``stiefel-rvq``). An entry is
+``name:ratio`` (``quant:8``, ``stiefel:16``); the ratio is the nominal forward compression of float32
+activations, and the measured one is reported next to it.
+
+Every run records each stage's actions with measured compute times and exact bytes on the wire, then
+:func:`actzip.wire.link.simulate` replays the schedule over links of each bandwidth (same latency each way):
+bytes per token each way, step time, loss at equal tokens, and the time to reach the dense run's final loss,
+the fair metric (a compressor that steps faster but needs more steps shows it there).
+
+Byte codecs per entry (float32 activations; the backward codec follows the forward one unless ``bwd_codec`` is
+given): ``quant:r`` k-bit stochastic quantization with ``k = 32 / r`` (4, 8, 16, 32) both ways;
+``mask:r`` random keep ``1 / r`` with ``r`` rescale both ways; ``topk:r`` top-k keep ``1 / (2 r)`` (values plus
+int32 indices) both ways; ``delta:r`` AQ-SGD delta at ``k = 32 / r`` bits forward, k-bit quantization backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import statistics
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from actzip.core.errors import ConfigError
+from actzip.data import Corpus
+from actzip.models import GPT, GPTConfig
+from actzip.wire.link import Action, LinkSpec, NetnsLink, Timeline, simulate
+from actzip.wire.pipeline import PipelineConfig, SimulatedPipeline
+
+BYTE_CODECS = ("quant", "mask", "topk", "delta")
+# --quick: under 3 minutes on a 2-core CPU (about 8 to 15 s per entry).
+QUICK = {"model": "tiny", "n_embd": 128, "n_head": 4, "n_layer": 2, "block_size": 64, "batch_size": 32,
+         "steps": 50, "target_steps": 1.4, "dataset_windows": 768, "eval_batches": 2,
+         "compressors": ("dense", "quant:8", "mask:8", "topk:8", "delta:8", "subspace:100", "bottleneck:100",
+                         "stiefel:16", "stiefel-rvq:100")}
+
+
+@dataclass
+class WireBenchConfig:
+    """What ``actzip bench wire`` trains and measures."""
+
+    model: str = "small"  # GPTConfig preset
+    n_layer: int | None = None  # override the preset's blocks (None: keep)
+    n_embd: int | None = None  # override the preset's width
+    n_head: int | None = None  # override the preset's heads
+    block_size: int | None = None  # sequence length (None: the preset's)
+    stages: int = 2  # pipeline stages (2-4)
+    compressors: tuple[str, ...] = ("dense", "quant:8", "mask:8", "topk:8", "delta:8", "subspace:100",
+                                    "bottleneck:100", "stiefel:16", "stiefel-rvq:100")
+    bwd_codec: str | None = None  # backward codec spec for the byte codecs (None: follow the forward one)
+    bandwidths: tuple[float, ...] = (80.0, 200.0)  # Mbps of the simulated links
+    latency_ms: float = 50.0  # one-way latency of every link
+    schedule: str = "gpipe"  # "gpipe" or "1f1b"
+    microbatches: int = 4  # per step
+    batch_size: int = 16  # sequences per step
+    steps: int = 600  # optimizer steps per run
+    lr: float = 1e-3  # AdamW learning rate
+    seed: int = 0  # weights, batches and codec noise
+    dataset_windows: int | None = 4096  # fixed training set of this many windows (delta needs repeats); None: fresh
+    corpus_bytes: int = 4_000_000  # bytes of the embedded corpus read
+    eval_batches: int = 4  # validation batches at the end
+    smooth: float = 0.1  # final loss = mean training loss of the last smooth * steps steps
+    target_steps: float = 2.0  # a run short of dense's final loss at `steps` trains on, up to this many times steps
+    threads: int | None = 1  # CPU intra-op threads while training (None: leave torch's setting)
+    mode: str = "simulated"  # "simulated": stages in one process; "processes": one per stage (torchrun);
+    #                          "netns": 2 processes through a real netem-shaped link per bandwidth (root)
+    timeout_s: float = 120.0  # longest wait for a peer's message (processes, netns)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stages, int) or not 2 <= self.stages <= 8:
+            raise ConfigError(f"WireBenchConfig.stages must be an int in [2, 8], got {self.stages!r}")
+        if not self.compressors:
+            raise ConfigError("WireBenchConfig.compressors is empty")
+        for entry in self.compressors:
+            parse_entry(entry)
+        if self.mode not in ("simulated", "processes", "netns"):
+            raise ConfigError(f"WireBenchConfig.mode must be simulated, processes or netns, got {self.mode!r}")
+        if self.mode == "netns" and self.stages != 2:
+            raise ConfigError("WireBenchConfig.mode='netns' joins 2 namespaces with one veth pair: use stages=2")
+        if not 0 < self.smooth <= 1:
+            raise ConfigError(f"WireBenchConfig.smooth must be in (0, 1], got {self.smooth!r}")
+
+    def gpt_config(self) -> GPTConfig:
+        over = {k: getattr(self, k) for k in ("n_layer", "n_embd", "n_head", "block_size")
+                if getattr(self, k) is not None}
+        return GPTConfig.preset(self.model, **over)
+
+
+def parse_entry(entry: str) -> tuple[str, float]:
+    """``"name:ratio"`` (or ``"dense"``) as ``(name, ratio)``."""
+    name, _, r = entry.partition(":")
+    name = name.strip().lower()
+    try:
+        ratio = float(r) if r else 1.0
+    except ValueError:
+        raise ConfigError(f"compressor entry {entry!r}: the ratio after ':' must be a number") from None
+    known = ("dense", *BYTE_CODECS, "subspace", "bottleneck", "stiefel", "stiefel-rvq")
+    if name not in known:
+        raise ConfigError(f"compressor entry {entry!r}: unknown name {name!r}; choose one of {', '.join(known)}")
+    if ratio < 1:
+        raise ConfigError(f"compressor entry {entry!r}: the ratio must be >= 1")
+    if name in ("quant", "delta") and 32 / ratio not in (1, 2, 4, 8):
+        raise ConfigError(f"compressor entry {entry!r}: {name} takes ratio 4, 8, 16 or 32 (8, 4, 2, 1 bits of 32)")
+    return name, ratio
+
+
+def codec_specs(name: str, ratio: float, bwd: str | None = None) -> tuple[str, str]:
+    """Forward and backward codec specs of a byte-codec entry (``"none"`` for the others)."""
+    if name not in BYTE_CODECS:
+        return "none", "none"
+    if name in ("quant", "delta"):
+        q = f"quant:bits={int(32 / ratio)}"
+        fwd = q if name == "quant" else f"delta:bits={int(32 / ratio)}"
+        back = q
+    elif name == "mask":
+        fwd = back = f"mask:keep={1 / ratio:.6g}"
+    else:
+        fwd = back = f"mask:keep={1 / (2 * ratio):.6g},mode=topk"
+    return fwd, back if bwd is None else bwd
+
+
+def pipeline_config(cfg: WireBenchConfig, entry: str) -> PipelineConfig:
+    """The pipeline settings of one entry."""
+    name, ratio = parse_entry(entry)
+    fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
+    return PipelineConfig(schedule=cfg.schedule, microbatches=cfg.microbatches, fwd_codec=fwd, bwd_codec=bwd,
+                          lr=cfg.lr, seed=cfg.seed, compressor="dense" if name in BYTE_CODECS else name, ratio=ratio,
+                          timeout_s=cfg.timeout_s)
+
+
+class _First(nn.Module):
+    def __init__(self, gpt: GPT, blocks) -> None:
+        super().__init__()
+        self.wte, self.wpe, self.drop, self.blocks = gpt.wte, gpt.wpe, gpt.drop, nn.ModuleList(blocks)
+
+    def forward(self, idx):
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device)))
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+class _Middle(nn.Module):
+    def __init__(self, blocks, head=None) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        if head is not None:
+            self.ln_f, self.lm_head = head
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.lm_head(self.ln_f(x)) if hasattr(self, "lm_head") else x
+
+
+def split_gpt(cfg: GPTConfig, n_stages: int, seed: int = 0) -> list[nn.Module]:
+    """``GPT(cfg)`` built under ``seed`` and split by blocks into dense stages (the head untied)."""
+    if not 2 <= n_stages <= cfg.n_layer:
+        raise ConfigError(f"split_gpt: n_stages must be in [2, n_layer={cfg.n_layer}], got {n_stages}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        gpt = GPT(cfg)
+    if cfg.tie_weights:
+        gpt.lm_head.weight = nn.Parameter(gpt.lm_head.weight.detach().clone())
+    base, extra = divmod(cfg.n_layer, n_stages)
+    sizes = [base + (i < extra) for i in range(n_stages)]
+    starts = [sum(sizes[:i]) for i in range(n_stages)]
+    blocks = [list(gpt.h[s : s + n]) for s, n in zip(starts, sizes)]
+    out: list[nn.Module] = [_First(gpt, blocks[0])]
+    out += [_Middle(b) for b in blocks[1:-1]]
+    return out + [_Middle(blocks[-1], (gpt.ln_f, gpt.lm_head))]
+
+
+def build_stages_for(cfg: GPTConfig, n_stages: int, name: str, ratio: float, seed: int) -> list[nn.Module]:
+    """Stage modules of an entry: dense stages for dense and the byte codecs, else the compressor's stages."""
+    try:
+        from actzip.wire.stages import build_stages
+    except ImportError as e:
+        if name in ("dense", *BYTE_CODECS):
+            return split_gpt(cfg, n_stages, seed)
+        raise ConfigError(f"compressor {name!r} needs actzip.wire.stages, which cannot be imported: {e}") from None
+    return build_stages(cfg, n_stages, "dense" if name in BYTE_CODECS else name, ratio, seed)
+
+
+class Batches:
+    """The training batches every run sees: ``(x, y, ids)`` per step, the same for every compressor.
+
+    With ``windows`` a fixed set of that many windows is drawn once and visited in a fresh random order each
+    epoch (``ids`` are window indices: repeated samples, as when fine-tuning); otherwise every batch is fresh
+    random windows and ``ids`` is ``None``.
+    """
+
+    def __init__(self, corpus: Corpus, batch_size: int, block_size: int, seed: int, windows: int | None) -> None:
+        self.corpus, self.batch_size, self.block_size, self.seed = corpus, batch_size, block_size, seed
+        self.windows = windows
+        if windows is not None:
+            if windows < batch_size:
+                raise ConfigError(f"dataset_windows ({windows}) must be at least batch_size ({batch_size})")
+            g = torch.Generator().manual_seed(seed)
+            self.x, self.y = corpus.get_batch("train", windows, block_size, generator=g)
+
+    def __call__(self, step: int):
+        if self.windows is None:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+            x, y = self.corpus.get_batch("train", self.batch_size, self.block_size, generator=g)
+            return x, y, None
+        per_epoch = self.windows // self.batch_size
+        epoch, i = divmod(step, per_epoch)
+        order = torch.randperm(self.windows, generator=torch.Generator().manual_seed(self.seed + 7 * epoch))
+        ids = order[i * self.batch_size : (i + 1) * self.batch_size]
+        return self.x[ids], self.y[ids], ids
+
+
+def _smoothed(losses: list[float], window: int) -> list[float]:
+    out, acc = [], 0.0
+    for i, v in enumerate(losses):
+        acc += v
+        if i >= window:
+            acc -= losses[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def train_entry(cfg: WireBenchConfig, entry: str, device: torch.device, corpus: Corpus, progress=None,
+                target: float | None = None) -> dict:
+    """Train one entry for ``steps`` steps, then on (up to ``target_steps * steps``) until its smoothed loss
+    reaches ``target``; its losses, trace and bytes (before any link is applied)."""
+    name, ratio = parse_entry(entry)
+    gcfg = cfg.gpt_config()
+    fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
+    if cfg.mode == "processes":
+        return train_entry_processes(cfg, entry, device)
+    if name == "delta" and cfg.dataset_windows is None:
+        raise ConfigError("delta caches activations per sample and needs repeated samples: set dataset_windows")
+    stages = [s.to(device) for s in build_stages_for(gcfg, cfg.stages, name, ratio, cfg.seed)]
+    pipe = SimulatedPipeline(stages, pipeline_config(cfg, entry), device)
+    batches = Batches(corpus, cfg.batch_size, gcfg.block_size, cfg.seed, cfg.dataset_windows)
+    window = max(1, round(cfg.smooth * cfg.steps))
+    limit = cfg.steps if target is None else max(cfg.steps, round(cfg.target_steps * cfg.steps))
+    for step in range(limit):
+        if step >= cfg.steps and statistics.fmean(pipe.losses[-window:]) <= target:
+            break
+        x, y, ids = batches(step)
+        pipe.train_step(x.to(device), y.to(device), ids)
+        if progress is not None:
+            progress(entry, step)
+    g = torch.Generator().manual_seed(1234)
+    val = []
+    for _ in range(cfg.eval_batches):
+        x, y = corpus.get_batch("val", cfg.batch_size, gcfg.block_size, generator=g)
+        val.append(pipe.eval_loss(x.to(device), y.to(device)))
+    tokens = cfg.steps * cfg.batch_size * gcfg.block_size  # equal tokens: the first `steps` steps
+    boundaries = cfg.stages - 1
+    acts = pipe.actions
+    fwd_b = sum(a.send_bytes for a in acts if a.kind == "F" and a.step < cfg.steps)
+    bwd_b = sum(a.send_bytes for a in acts if a.kind == "B" and a.step < cfg.steps)
+    return {"entry": entry, "compressor": name, "ratio": ratio, "fwd_codec": fwd, "bwd_codec": bwd,
+            "losses": pipe.losses, "val_loss": sum(val) / len(val), "actions": acts, "tokens": tokens,
+            "bytes_per_token_fwd": fwd_b / (tokens * boundaries), "bytes_per_token_bwd": bwd_b / (tokens * boundaries),
+            "wire_bytes_checked": sum(m.total("sent", "fwd") + m.total("sent", "bwd") for m in pipe.meters())}
+
+
+def summarize(cfg: WireBenchConfig, trained: list[dict], dense_bytes_per_token: float,
+              measured: LinkSpec | None = None) -> tuple[list[dict], dict]:
+    """JSON runs, one per (entry, bandwidth), with the time to the dense run's final loss; and the curves.
+
+    Times are simulated from the measured trace over each bandwidth's link; with ``measured`` (runs made through
+    that real link) they are the measured wall-clock times instead, and the simulation is reported beside them.
+    """
+    window = max(1, round(cfg.smooth * cfg.steps))
+    every = max(1, cfg.steps // 200)
+    ref = next((t for t in trained if t["compressor"] == "dense"), None)
+    finals = {t["entry"]: statistics.fmean(t["losses"][cfg.steps - window : cfg.steps]) for t in trained}
+    target = finals[ref["entry"]] if ref is not None else None
+    runs, curves = [], {}
+    for t in trained:
+        per_step = [0] * len(t["losses"])
+        for a in t["actions"]:
+            per_step[a.step] += a.send_bytes
+        cum = list(itertools.accumulate(b / (cfg.stages - 1) for b in per_step))
+        curves[t["entry"]] = {"every": every, "loss": t["losses"][::every], "bytes_per_boundary": cum[::every],
+                              "time_s": {}}
+    links = [measured] if measured is not None else [LinkSpec(bw, cfg.latency_ms if bw is not None else 0.0)
+                                                     for bw in (*cfg.bandwidths, None)]
+    for link in links:
+        bw = link.bandwidth_mbps
+        ref_time = None
+        for t in ([ref] if ref is not None else []) + [t for t in trained if t is not ref]:
+            tl = simulate(t["actions"], link)
+            sim_step = tl.median_step_s
+            if measured is not None:
+                tl = Timeline(t["wall_step_end_s"], tl.busy_s, tl.link_bytes)
+            smooth = _smoothed(t["losses"], window)
+            hit = next((i for i, v in enumerate(smooth) if target is not None and v <= target + 1e-12), None)
+            ttt = tl.step_end_s[hit] if hit is not None else None
+            if t is ref:
+                ref_time = ttt
+            curves[t["entry"]]["time_s"]["inf" if bw is None else f"{bw:g}"] = tl.step_end_s[::every]
+            runs.append({
+                "compressor": t["compressor"], "ratio": t["ratio"], "bandwidth_mbps": bw,
+                "bytes_per_token_fwd": t["bytes_per_token_fwd"], "bytes_per_token_bwd": t["bytes_per_token_bwd"],
+                "tokens": t["tokens"], "final_loss": finals[t["entry"]], "step_time_s": tl.median_step_s,
+                "time_to_target_s": ttt,
+                "entry": t["entry"], "fwd_codec": t["fwd_codec"], "bwd_codec": t["bwd_codec"],
+                "measured_ratio_fwd": dense_bytes_per_token / t["bytes_per_token_fwd"],
+                "latency_ms": link.latency_ms, "val_loss": t["val_loss"], "total_time_s": tl.total_s,
+                "loss_gap": None if target is None else finals[t["entry"]] / target - 1,
+                "speedup_to_target": (ref_time / ttt) if ref_time and ttt else None,
+                "steps_to_target": None if hit is None else hit + 1, "steps_run": len(t["losses"]),
+                "time_source": "simulated" if measured is None else "measured", "simulated_step_time_s": sim_step,
+                **({"link_counters": t["link_counters"]} if "link_counters" in t else {}),
+            })
+    return runs, curves
+
+
+def run_wire(cfg: WireBenchConfig, device: torch.device, progress=None) -> dict:
+    """Train every entry in one process (stages share the device) and summarize over every link."""
+    from actzip.bench.harness import machine_record
+
+    corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
+    threads = torch.get_num_threads()
+    if cfg.threads is not None and device.type == "cpu":
+        # All stages share one process; on a shared CPU, OpenMP threads contending for cores made compute
+        # times up to 10x slower and far noisier than one thread.
+        torch.set_num_threads(cfg.threads)
+    order = sorted(cfg.compressors, key=lambda e: parse_entry(e)[0] != "dense")  # dense first: it sets the target
+    trained, target = [], None
+    window = max(1, round(cfg.smooth * cfg.steps))
+    gcfg = cfg.gpt_config()
+    dense_bpt = gcfg.n_embd * 4.0  # float32 activations, headers excluded
+    try:
+        if cfg.mode == "netns":  # every entry through a real link of each bandwidth
+            runs, curves = [], {}
+            for bw in cfg.bandwidths:
+                link = LinkSpec(bw, cfg.latency_ms)
+                trained = [train_entry_processes(cfg, e, device, link) for e in order]
+                r, c = summarize(cfg, trained, dense_bpt, measured=link)
+                runs += r
+                for k, v in c.items():
+                    curves.setdefault(k, v)["time_s"].update(v["time_s"])
+        else:
+            for e in order:
+                trained.append(train_entry(cfg, e, device, corpus, progress, target))
+                if trained[-1]["compressor"] == "dense" and target is None:
+                    target = statistics.fmean(trained[-1]["losses"][cfg.steps - window : cfg.steps])
+            runs, curves = summarize(cfg, trained, dense_bpt)
+    finally:
+        torch.set_num_threads(threads)
+    ref = [r for r in runs if r["compressor"] == "dense"]
+    return {
+        "config": asdict(cfg), "gpt": dataclasses.asdict(gcfg), "mode": cfg.mode,
+        "target_loss": ref[0]["final_loss"] if ref else None, "runs": runs, "curves": curves,
+        "machine": machine_record(device),
+    }
+
+
+# ---- one process per stage: torchrun, or two network namespaces --------------------------------------------
+
+
+def _worker_command(cfg: WireBenchConfig, entry: str, device: torch.device, out: str) -> list[str]:
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
+    return ["-m", "actzip.bench.wire", "--entry", entry, "--config", json.dumps(fields), "--device", str(device),
+            "--out", out]
+
+
+def train_entry_processes(cfg: WireBenchConfig, entry: str, device: torch.device,
+                          link: LinkSpec | None = None) -> dict:
+    """Train one entry with one process per stage for ``steps`` steps: under torchrun (``link=None``: the
+    processes talk over loopback TCP), or in two network namespaces joined by a ``link``-shaped veth pair.
+    Returns what :func:`train_entry` does, plus measured wall-clock step ends (and interface counters)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    name, ratio = parse_entry(entry)
+    with tempfile.TemporaryDirectory(prefix="actzip-wire-") as tmp:
+        out = os.path.join(tmp, "rank0.json")
+        cmd = _worker_command(cfg, entry, device, out)
+        limit = cfg.timeout_s + 60 + 5.0 * cfg.steps
+        if link is None:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.stages}",
+                    *cmd]
+            r = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=limit)
+            failed = [(0, r)] if r.returncode else []
+        else:
+            with NetnsLink(link) as net:
+                procs = []
+                for side in (0, 1):
+                    env = dict(os.environ, RANK=str(side), LOCAL_RANK="0", WORLD_SIZE="2",
+                               MASTER_ADDR=net.addresses[0], MASTER_PORT="29581",
+                               GLOO_SOCKET_IFNAME=net.ifnames[side], ACTZIP_WIRE_IFNAME=net.ifnames[side])
+                    procs.append(net.popen(side, [sys.executable, *cmd], env=env, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True))
+                results = []
+                for p in procs:
+                    so, se = p.communicate(timeout=limit)
+                    results.append(subprocess.CompletedProcess(p.args, p.returncode, so, se))
+            failed = [(i, r) for i, r in enumerate(results) if r.returncode]
+        if failed:
+            i, r = failed[0]
+            raise ConfigError(f"bench wire: the stage processes of {entry!r} failed (rank {i}, exit "
+                              f"{r.returncode}): {(r.stderr or r.stdout).strip()[-2000:]}")
+        with open(out) as f:
+            res = json.load(f)
+    gcfg = cfg.gpt_config()
+    tokens = cfg.steps * cfg.batch_size * gcfg.block_size
+    acts = [Action.from_tuple(a) for a in res["actions"]]
+    fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
+    out = {"entry": entry, "compressor": name, "ratio": ratio, "fwd_codec": fwd, "bwd_codec": bwd,
+           "losses": res["losses"], "val_loss": None, "actions": acts, "tokens": tokens,
+           "bytes_per_token_fwd": sum(a.send_bytes for a in acts if a.kind == "F") / (tokens * (cfg.stages - 1)),
+           "bytes_per_token_bwd": sum(a.send_bytes for a in acts if a.kind == "B") / (tokens * (cfg.stages - 1)),
+           "wall_step_end_s": res["wall_step_end_s"]}
+    if res.get("probes") and all(p and p[0] for p in res["probes"]):
+        out["link_counters"] = [{k: p[1][k] - p[0][k] for k in p[0]} | {"meter": m}
+                                for p, m in zip(res["probes"], res["meters"])]
+    return out
+
+
+def _interface_counters() -> dict:
+    import os
+
+    name = os.environ.get("ACTZIP_WIRE_IFNAME")
+    if not name:
+        return {}
+    base = f"/sys/class/net/{name}/statistics/"
+    return {k: int(open(base + k).read()) for k in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """One stage process (rank = stage), started by torchrun or by the netns harness; rank 0 writes ``--out``."""
+    import argparse
+    import datetime
+    import sys
+
+    import torch.distributed as dist
+
+    from actzip.core.errors import ActzipError
+    from actzip.wire.pipeline import run_stage
+
+    p = argparse.ArgumentParser(prog="python -m actzip.bench.wire", description=worker_main.__doc__)
+    p.add_argument("--entry", required=True)
+    p.add_argument("--config", required=True, help="WireBenchConfig fields as JSON")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    fields = json.loads(args.config)
+    cfg = WireBenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    device = torch.device(args.device)
+    if cfg.threads is not None and device.type == "cpu":
+        torch.set_num_threads(cfg.threads)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    rank = dist.get_rank()
+    try:
+        if dist.get_world_size() != cfg.stages:
+            raise ConfigError(f"bench wire worker: {dist.get_world_size()} processes for {cfg.stages} stages")
+        if device.type == "cuda":
+            device = torch.device("cuda", int(__import__("os").environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device)
+        name, ratio = parse_entry(args.entry)
+        module = build_stages_for(cfg.gpt_config(), cfg.stages, name, ratio, cfg.seed)[rank].to(device)
+        corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
+        batches = Batches(corpus, cfg.batch_size, cfg.gpt_config().block_size, cfg.seed, cfg.dataset_windows)
+        res = run_stage(module, pipeline_config(cfg, args.entry), batches, cfg.steps, device=device,
+                        probe=_interface_counters)
+    except ActzipError as e:
+        print(f"actzip: error: rank {rank}: {e}", file=sys.stderr)
+        return 2
+    if res is not None:
+        res["actions"] = [a.as_tuple() for a in res["actions"]]
+        with open(args.out, "w") as f:
+            json.dump(res, f)
+    dist.destroy_process_group()
+    return 0
+
+
+def plot(record: dict, path) -> None:
+    """Training loss vs bytes sent per boundary, and vs simulated time at 200 Mbps (or the last bandwidth)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bws = list(record["config"]["bandwidths"])
+    bw = 200.0 if 200.0 in bws else (bws[-1] if bws else None)
+    key = "inf" if bw is None else f"{bw:g}"
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for entry, c in record["curves"].items():
+        run = next(r for r in record["runs"] if r["entry"] == entry and r["bandwidth_mbps"] == bw)
+        label = f"{entry} ({run['bytes_per_token_fwd']:.3g}+{run['bytes_per_token_bwd']:.3g} B/tok)"
+        a.plot([max(v, 1) for v in c["bytes_per_boundary"]], c["loss"], linewidth=1, label=label)
+        b.plot(c["time_s"][key], c["loss"], linewidth=1, label=entry)
+    for ax in (a, b):
+        if record.get("target_loss") is not None:
+            ax.axhline(record["target_loss"], color="k", linewidth=0.6, linestyle="--")
+        ax.set_ylabel("training loss")
+    a.set_xscale("log")
+    a.set_xlabel("bytes sent per boundary, both ways, cumulative (headers included)")
+    a.set_title("loss vs bytes")
+    a.legend(fontsize=7)
+    lat = record["config"]["latency_ms"]
+    b.set_xlabel(f"simulated time (s), {bw:g} Mbps, {lat:g} ms links, compute measured" if bw else "time (s)")
+    b.set_title("loss vs time (dashed: dense final loss)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def render(record: dict):
+    """A rich table of the runs."""
+    from rich.table import Table
+
+    c = record["config"]
+    t = Table(title=f"{c['stages']} stages of a {record['gpt']['n_layer']}-block d={record['gpt']['n_embd']} GPT, "
+                    f"{c['schedule']}, {c['steps']} steps x {c['batch_size']}x{record['gpt']['block_size']} tokens; "
+                    f"links {', '.join(f'{b:g}' for b in c['bandwidths'])} Mbps, {c['latency_ms']:g} ms")
+    for col in ("entry", "Mbps", "B/tok fwd", "B/tok bwd", "ratio", "final loss", "vs dense", "step ms",
+                "to target s", "speedup"):
+        t.add_column(col, justify="left" if col == "entry" else "right")
+    for r in record["runs"]:
+        bw = "inf" if r["bandwidth_mbps"] is None else f"{r['bandwidth_mbps']:g}"
+        ttt = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}"
+        sp = "-" if r["speedup_to_target"] is None else f"{r['speedup_to_target']:.2f}x"
+        gap = "" if r["loss_gap"] is None else f"{r['loss_gap']:+.2%}"
+        t.add_row(r["entry"], bw, f"{r['bytes_per_token_fwd']:.1f}", f"{r['bytes_per_token_bwd']:.1f}",
+                  f"{r['measured_ratio_fwd']:.1f}", f"{r['final_loss']:.4f}", gap, f"{r['step_time_s'] * 1e3:.0f}",
+                  ttt, sp)
+    return t
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(worker_main())

@@ -1,0 +1,271 @@
+"""Slow links: a software model with a schedule simulator, and a real one made of network namespaces.
+
+**Software link.** :class:`LinkModel` is one direction of a link with a bandwidth and a one-way latency. A
+message of ``b`` bytes sent at time ``t`` arrives at
+
+    arrival = max(previous arrival, t + latency) + 8 b / bandwidth
+
+(FIFO, bits serialized at the bandwidth, latency paid once per message while the link keeps streaming: a
+message can start on the wire while the previous one is still in flight, as a TCP stream does). With
+``serialize_latency=True`` it is ``max(previous arrival, t) + 8 b / bandwidth + latency`` instead: no two
+messages in flight, a stop-and-wait link; the pessimistic bound.
+
+:func:`simulate` replays a recorded pipeline schedule (one :class:`Action` per forward, backward and
+optimizer step of each stage, with its measured compute time and the message it waits for and sends) over
+such links, every boundary with its own link each way: an action starts when its stage is free and its input
+has arrived, and its message leaves when it ends. Compute is what was measured; only the wire is modelled, so
+step times are honest about what overlaps with what. The same trace replays at any bandwidth.
+
+**Real link.** :class:`NetnsLink` puts two processes in two network namespaces joined by a veth pair whose
+egress is shaped by ``tc netem rate ... delay ...`` each way, so they talk TCP through a real slow link, and
+reads the interface byte counters. It needs root, ``ip`` and ``tc`` and a kernel with ``sch_netem``;
+:func:`netns_unavailable_reason` says what is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+
+from actzip.core.errors import ConfigError
+from actzip.wire.transport import WireError
+
+__all__ = ["Action", "LinkModel", "LinkSpec", "NetnsLink", "Timeline", "netns_unavailable_reason", "simulate"]
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link's speed; the same each way."""
+
+    bandwidth_mbps: float | None = None  # megabits (10**6 bits) per second; None: infinitely fast
+    latency_ms: float = 0.0  # one-way latency in milliseconds
+    serialize_latency: bool = False  # True: stop-and-wait (each message pays latency after the previous one)
+
+    def __post_init__(self) -> None:
+        bw = self.bandwidth_mbps
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0):
+            raise ConfigError(f"LinkSpec.bandwidth_mbps must be a positive number or None, got {bw!r}")
+        lat = self.latency_ms
+        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or lat < 0:
+            raise ConfigError(f"LinkSpec.latency_ms must be a number >= 0, got {lat!r}")
+
+    def seconds(self, nbytes: int) -> float:
+        """Time to put ``nbytes`` on the wire (without latency)."""
+        return 0.0 if self.bandwidth_mbps is None else 8.0 * nbytes / (self.bandwidth_mbps * 1e6)
+
+    def __str__(self) -> str:
+        bw = "inf" if self.bandwidth_mbps is None else f"{self.bandwidth_mbps:g} Mbps"
+        return f"{bw}, {self.latency_ms:g} ms"
+
+
+class LinkModel:
+    """One direction of a link: arrival times of messages in the order they are sent."""
+
+    def __init__(self, spec: LinkSpec) -> None:
+        self.spec = spec
+        self.last_arrival = 0.0
+        self.bytes = 0
+        self.messages = 0
+
+    def transmit(self, nbytes: int, send_time: float) -> float:
+        """Arrival time of a message of ``nbytes`` bytes sent at ``send_time`` (seconds)."""
+        s = self.spec
+        lat = s.latency_ms / 1e3
+        if s.serialize_latency:
+            arrival = max(self.last_arrival, send_time) + s.seconds(nbytes) + lat
+        else:
+            arrival = max(self.last_arrival, send_time + lat) + s.seconds(nbytes)
+        self.last_arrival = arrival
+        self.bytes += nbytes
+        self.messages += 1
+        return arrival
+
+
+@dataclass
+class Action:
+    """One unit of a stage's schedule, as measured."""
+
+    stage: int
+    step: int
+    kind: str  # "F" forward, "B" backward, "O" optimizer step
+    mb: int  # microbatch (-1 for "O")
+    compute_s: float  # measured time, decode and encode included, waiting excluded
+    recv: tuple | None = None  # (boundary, channel, step, mb) of the message it waits for
+    send: tuple | None = None  # (boundary, channel, step, mb) of the message it sends
+    send_bytes: int = 0  # bytes of that message on the wire, header included
+
+    def as_tuple(self) -> tuple:
+        return (self.stage, self.step, self.kind, self.mb, self.compute_s, self.recv, self.send, self.send_bytes)
+
+    @classmethod
+    def from_tuple(cls, t) -> Action:
+        s, step, kind, mb, c, recv, send, nb = t
+        return cls(s, step, kind, mb, c, tuple(recv) if recv else None, tuple(send) if send else None, nb)
+
+
+@dataclass
+class Timeline:
+    """What :func:`simulate` found."""
+
+    step_end_s: list[float]  # time each step's last optimizer update finished
+    busy_s: list[float]  # compute time per stage
+    link_bytes: dict[str, int] = field(default_factory=dict)  # "b0.fwd" -> bytes carried
+
+    @property
+    def total_s(self) -> float:
+        return self.step_end_s[-1] if self.step_end_s else 0.0
+
+    @property
+    def step_times_s(self) -> list[float]:
+        ends = self.step_end_s
+        return [b - a for a, b in zip([0.0, *ends[:-1]], ends)]
+
+    @property
+    def median_step_s(self) -> float:
+        t = self.step_times_s
+        return statistics.median(t[1:] if len(t) > 2 else t) if t else 0.0
+
+
+def simulate(actions: list[Action], link: LinkSpec) -> Timeline:
+    """Replay ``actions`` (each stage's in the order it ran them) over ``link`` at every boundary, each way."""
+    stages = sorted({a.stage for a in actions})
+    queues = {s: deque(a for a in actions if a.stage == s) for s in stages}
+    clock = {s: 0.0 for s in stages}
+    busy = {s: 0.0 for s in stages}
+    links: dict[tuple, LinkModel] = {}
+    arrivals: dict[tuple, float] = {}
+    step_end: dict[int, float] = {}
+    while any(queues.values()):
+        progressed = False
+        for s in stages:
+            q = queues[s]
+            while q and (q[0].recv is None or q[0].recv in arrivals):
+                a = q.popleft()
+                start = max(clock[s], arrivals.pop(a.recv) if a.recv is not None else 0.0)
+                clock[s] = start + a.compute_s
+                busy[s] += a.compute_s
+                if a.send is not None:
+                    key = (a.send[0], a.send[1])
+                    model = links.setdefault(key, LinkModel(link))
+                    arrivals[a.send] = model.transmit(a.send_bytes, clock[s])
+                if a.kind == "O":
+                    step_end[a.step] = max(step_end.get(a.step, 0.0), clock[s])
+                progressed = True
+        if not progressed:
+            waiting = {s: queues[s][0].recv for s in stages if queues[s]}
+            raise WireError(f"simulate: the recorded schedule cannot proceed; stages wait for {waiting}")
+    return Timeline([step_end[k] for k in sorted(step_end)], [busy[s] for s in stages],
+                    {f"b{b}.{c}": m.bytes for (b, c), m in sorted(links.items())})
+
+
+# ---- the real link: network namespaces, a veth pair, netem --------------------------------------------------
+
+_counter = itertools.count()
+
+
+def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=30)
+    if check and r.returncode != 0:
+        raise WireError(f"`{' '.join(argv)}` failed: {(r.stderr or r.stdout).strip()}")
+    return r
+
+
+@functools.cache
+def netns_unavailable_reason(shaped: bool = True) -> str | None:
+    """``None`` if :class:`NetnsLink` can run here (with netem shaping if ``shaped``), else why not."""
+    if not sys.platform.startswith("linux"):
+        return f"network namespaces need Linux (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "creating network namespaces and veth pairs needs root (CAP_NET_ADMIN); run as root to use it"
+    for tool in ("ip", "tc") if shaped else ("ip",):
+        if shutil.which(tool) is None:
+            return f"the `{tool}` command (iproute2) is not installed"
+    ns = f"azprobe{os.getpid()}"
+    try:
+        r = _run(["ip", "netns", "add", ns], check=False)
+        if r.returncode:
+            return f"cannot create a network namespace: {r.stderr.strip()}"
+        r = _run(["ip", "-n", ns, "link", "add", "azp0", "type", "veth", "peer", "name", "azp1"], check=False)
+        if r.returncode:
+            return f"cannot create a veth pair: {r.stderr.strip()}"
+        if shaped:
+            r = _run(["tc", "-n", ns, "qdisc", "add", "dev", "azp0", "root", "netem", "delay", "1ms"], check=False)
+            if r.returncode:
+                return (f"tc netem is not available ({r.stderr.strip()}): this kernel lacks the sch_netem qdisc "
+                        f"(try `modprobe sch_netem`)")
+    finally:
+        _run(["ip", "netns", "del", ns], check=False)
+    return None
+
+
+class NetnsLink:
+    """Two network namespaces joined by a veth pair, each side's egress shaped by netem (a context manager).
+
+    Side 0 has address ``addresses[0]`` on interface ``ifnames[0]``; side 1 the others. ``popen(side, argv)``
+    runs a command in a side's namespace; ``counters()`` reads both interfaces' byte and packet counters.
+    """
+
+    def __init__(self, link: LinkSpec | None = None) -> None:
+        self.link = link or LinkSpec()
+        shaped = self.link.bandwidth_mbps is not None or self.link.latency_ms > 0
+        why = netns_unavailable_reason(shaped)
+        if why is not None:
+            raise WireError(f"NetnsLink cannot run here: {why}")
+        n = next(_counter)
+        tag = f"{os.getpid() % 100000}x{n}"
+        self.namespaces = (f"aznsa{tag}", f"aznsb{tag}")
+        self.ifnames = (f"aza{tag}"[:15], f"azb{tag}"[:15])
+        octet = 16 + (os.getpid() + n) % 200
+        self.addresses = (f"10.213.{octet}.1", f"10.213.{octet}.2")
+        self._up = False
+
+    def __enter__(self):  # -> NetnsLink
+        (na, nb), (ia, ib) = self.namespaces, self.ifnames
+        try:
+            for ns in self.namespaces:
+                _run(["ip", "netns", "add", ns])
+            self._up = True
+            _run(["ip", "link", "add", ia, "netns", na, "type", "veth", "peer", "name", ib, "netns", nb])
+            for ns, ifname, addr in zip(self.namespaces, self.ifnames, self.addresses):
+                _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", ifname])
+                _run(["ip", "-n", ns, "link", "set", ifname, "up"])
+                _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+                shape = []
+                if self.link.bandwidth_mbps is not None:
+                    shape += ["rate", f"{self.link.bandwidth_mbps:g}mbit"]
+                if self.link.latency_ms > 0:
+                    shape += ["delay", f"{self.link.latency_ms:g}ms"]
+                if shape:
+                    _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "netem", *shape, "limit", "100000"])
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._up:
+            for ns in self.namespaces:  # deleting a namespace deletes its end of the veth pair, and so both
+                _run(["ip", "netns", "del", ns], check=False)
+            self._up = False
+
+    def popen(self, side: int, argv: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
+        """Start ``argv`` in side ``side``'s namespace."""
+        return subprocess.Popen(["ip", "netns", "exec", self.namespaces[side], *argv], env=env, **kw)
+
+    def counters(self) -> list[dict[str, int]]:
+        """Per side: bytes and packets its interface sent and received (IP packets, headers included)."""
+        out = []
+        for ns, ifname in zip(self.namespaces, self.ifnames):
+            stats = {}
+            for key in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets"):
+                r = _run(["ip", "netns", "exec", ns, "cat", f"/sys/class/net/{ifname}/statistics/{key}"])
+                stats[key] = int(r.stdout.strip())
+            out.append(stats)
+        return out

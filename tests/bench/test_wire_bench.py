@@ -1,0 +1,64 @@
+import json
+
+import pytest
+
+from actzip.bench.wire import QUICK, WireBenchConfig, codec_specs, parse_entry
+from actzip.cli import main
+from actzip.core.errors import ConfigError
+
+SCHEMA = {"compressor": str, "ratio": float, "bytes_per_token_fwd": float, "bytes_per_token_bwd": float,
+          "tokens": int, "final_loss": float, "step_time_s": float}
+
+
+def test_wire_bench_cli_writes_the_schema_and_a_plot(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    out = tmp_path / "wire.json"
+    rc = main(["bench", "wire", "--model", "tiny", "--n-layer", "2", "--steps", "4", "--batch-size", "4",
+               "--block-size", "32", "--microbatches", "2", "--compressors", "dense,quant:8,delta:16",
+               "--dataset-windows", "8", "--bandwidths", "80,200", "--target-steps", "1.5", "--device", "cpu",
+               "--corpus-bytes", "200000",
+               "--json", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert {r["bandwidth_mbps"] for r in rec["runs"]} == {80.0, 200.0, None}
+    assert len(rec["runs"]) == 9
+    for r in rec["runs"]:
+        for key, typ in SCHEMA.items():
+            assert isinstance(r[key], typ), (key, r[key])
+        assert r["time_to_target_s"] is None or isinstance(r["time_to_target_s"], float)
+    dense = {r["bandwidth_mbps"]: r for r in rec["runs"] if r["compressor"] == "dense"}
+    quant = {r["bandwidth_mbps"]: r for r in rec["runs"] if r["compressor"] == "quant"}
+    assert dense[200.0]["time_to_target_s"] is not None  # dense reaches its own final loss
+    assert dense[200.0]["tokens"] == 4 * 4 * 32
+    assert dense[200.0]["bytes_per_token_fwd"] > 256  # 64 float32 values per token, plus headers
+    assert quant[200.0]["bytes_per_token_fwd"] < dense[200.0]["bytes_per_token_fwd"] / 6
+    assert dense[80.0]["step_time_s"] > dense[200.0]["step_time_s"] > dense[None]["step_time_s"]
+    assert rec["command"].startswith("actzip bench wire") and rec["machine"]["cores"]
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_entries_and_codecs():
+    assert parse_entry("dense") == ("dense", 1.0) and parse_entry("stiefel:16") == ("stiefel", 16.0)
+    assert codec_specs("quant", 8) == ("quant:bits=4", "quant:bits=4")
+    assert codec_specs("delta", 16) == ("delta:bits=2", "quant:bits=2")
+    assert codec_specs("mask", 8, "none") == ("mask:keep=0.125", "none")
+    assert codec_specs("subspace", 100) == ("none", "none")
+    for bad in ("zip:4", "quant:3", "quant:x", "mask:0.5"):
+        with pytest.raises(ConfigError):
+            parse_entry(bad)
+    with pytest.raises(ConfigError, match="stages=2"):
+        WireBenchConfig(mode="netns", stages=3)
+    assert set(QUICK) <= set(WireBenchConfig.__dataclass_fields__)
+
+
+def test_processes_mode_runs_under_torchrun(tmp_path, monkeypatch):
+    from actzip.bench.wire import train_entry_processes
+
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    import torch
+
+    cfg = WireBenchConfig(model="tiny", n_layer=2, block_size=16, batch_size=4, steps=2, microbatches=2,
+                          dataset_windows=8, mode="processes", timeout_s=30, corpus_bytes=200_000)
+    r = train_entry_processes(cfg, "quant:8", torch.device("cpu"))
+    assert len(r["losses"]) == 2 and len(r["wall_step_end_s"]) == 2
+    assert r["bytes_per_token_fwd"] == pytest.approx(r["bytes_per_token_bwd"])

@@ -1,0 +1,102 @@
+"""The mask codec: random keep with rescale (unbiased) and top-k (largest magnitudes, exact values)."""
+
+import pytest
+import torch
+
+import actzip
+from actzip.codecs.mask import MaskCodec, kept_count, random_positions
+from actzip.core.errors import (
+    ConfigError,
+    InvalidValueError,
+    PayloadError,
+    UnsupportedDtypeError,
+)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+def test_registered_with_options_checked():
+    assert "mask" in actzip.codecs.available()
+    assert isinstance(actzip.codecs.get("mask", keep=0.5, mode="topk"), MaskCodec)
+    for bad in ({"keep": 0}, {"keep": 1.5}, {"keep": True}, {"mode": "top"}, {"rescale": 1}, {"seed": -1}):
+        with pytest.raises(ConfigError):
+            MaskCodec(**bad)
+    with pytest.raises(ConfigError, match="options: keep, mode, rescale, seed, check"):
+        actzip.codecs.get("mask", ratio=4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_random_keeps_k_elements_scaled_exactly(dtype):
+    x = torch.randn(7, 33).to(dtype)
+    c = MaskCodec(keep=0.2)
+    p = c.encode(x)
+    n, k = x.numel(), kept_count(x.numel(), 0.2)
+    assert p.buffers["values"].numel() == k and p.nbytes == c.payload_nbytes(n, x.element_size())
+    y = c.decode(p)
+    pos = random_positions(n, k, int(p.buffers["seed"][0]))
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    assert torch.equal(y.reshape(-1)[pos], (x.reshape(-1)[pos].to(work) * (n / k)).to(dtype))
+    rest = torch.ones(n, dtype=torch.bool)
+    rest[pos] = False
+    assert (y.reshape(-1)[rest] == 0).all()
+
+
+def test_random_is_unbiased():
+    x = torch.randn(64)
+    c = MaskCodec(keep=0.25, seed=3)
+    n = 4000
+    mean = sum(c.decode(c.encode(x)) for _ in range(n)) / n
+    std = x.abs() * (1 / 0.25 - 1) ** 0.5 / n**0.5  # per element
+    assert ((mean - x).abs() < 5 * std + 1e-6).all()
+    assert c.unbiased and not MaskCodec(mode="topk").unbiased
+
+
+def test_each_encode_draws_fresh_positions_reproducibly():
+    x = torch.randn(100)
+    a, b = MaskCodec(keep=0.1, seed=5), MaskCodec(keep=0.1, seed=5)
+    pa = [a.encode(x).buffers["seed"].item() for _ in range(3)]
+    assert pa == [b.encode(x).buffers["seed"].item() for _ in range(3)] and len(set(pa)) == 3
+
+
+@pytest.mark.parametrize("keep,where", [(0.5, "mask"), (0.01, "index")])
+def test_topk_keeps_the_largest_exactly(keep, where):
+    x = torch.randn(40, 50)
+    c = MaskCodec(keep=keep, mode="topk")
+    p = c.encode(x)
+    assert where in p.buffers and p.nbytes == c.payload_nbytes(x.numel(), 4)
+    y = c.decode(p)
+    k = kept_count(x.numel(), keep)
+    kept = y != 0
+    assert int(kept.sum()) == k and torch.equal(y[kept], x[kept])
+    assert x[kept].abs().min() >= x[~kept].abs().max()
+
+
+def test_layouts_come_back():
+    x = torch.randn(16, 24).t()
+    for c in (MaskCodec(keep=0.3), MaskCodec(keep=0.3, mode="topk")):
+        y = c.decode(c.encode(x))
+        assert y.shape == x.shape and torch.equal(y != 0, (y != 0) & (x != 0))
+    assert torch.equal(MaskCodec(keep=1.0, mode="topk").decode(MaskCodec(keep=1.0, mode="topk").encode(x)), x)
+
+
+def test_non_finite_refused_or_poisoned():
+    x = torch.randn(32)
+    x[3] = float("inf")
+    with pytest.raises(InvalidValueError, match="1 of 32 elements non-finite"):
+        MaskCodec(keep=0.5).encode(x, name="acts")
+    c = MaskCodec(keep=0.1, check=False)
+    assert torch.isnan(c.decode(c.encode(x))).all()
+    ok = torch.randn(32)
+    assert not torch.isnan(c.decode(c.encode(ok))).any()
+
+
+def test_refusals():
+    with pytest.raises(UnsupportedDtypeError):
+        MaskCodec().encode(torch.arange(10))
+    c = MaskCodec(keep=0.5)
+    p = c.encode(torch.randn(10))
+    p.buffers["values"] = p.buffers["values"][:-1]
+    with pytest.raises(PayloadError, match="holds 4 values"):
+        c.decode(p)
+    with pytest.raises(PayloadError, match="made by codec 'quant'"):
+        c.decode(actzip.codecs.get("quant").encode(torch.randn(8)))

@@ -1,0 +1,263 @@
+"""The pipeline runner: schedules, equivalence with the unsplit model, codecs on the boundaries, side channels,
+hooks, and multi-process runs under gloo (results, exact bytes, faults)."""
+
+import time
+
+import pytest
+import torch
+from gloo_ranks import run_ranks
+from torch import nn
+
+from actzip.bench.wire import split_gpt
+from actzip.core.errors import ConfigError
+from actzip.models import GPT, GPTConfig
+from actzip.wire.link import LinkSpec, simulate
+from actzip.wire.pipeline import (
+    PipelineConfig,
+    SimulatedPipeline,
+    run_stage,
+    schedule_actions,
+)
+from actzip.wire.transport import HEADER_BYTES
+
+CFG = GPTConfig.preset("tiny", n_layer=3, tie_weights=False, dropout=0.0)
+
+
+def batch(seed=0, b=4, t=16):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (b, t), generator=g), torch.randint(0, 256, (b, t), generator=g)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("n_stages,m", [(2, 4), (3, 2), (3, 1)])
+def test_schedule_runs_every_microbatch_once_forward_before_backward(schedule, n_stages, m):
+    for s in range(n_stages):
+        acts = schedule_actions(schedule, n_stages, s, m)
+        assert sorted(acts) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
+        for i in range(m):
+            assert acts.index(("F", i)) < acts.index(("B", i))
+    if schedule == "1f1b":  # at most n_stages - s microbatches in flight
+        for s in range(n_stages):
+            live = peak = 0
+            for kind, _ in schedule_actions(schedule, n_stages, s, m):
+                live += 1 if kind == "F" else -1
+                peak = max(peak, live)
+            assert peak <= min(m, n_stages - s)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_dense_pipeline_matches_the_unsplit_model(schedule):
+    x, y = batch()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        ref = GPT(CFG)
+    _, loss = ref(x, y)
+    loss.backward()
+    loss = loss.detach()
+    opt = torch.optim.AdamW([{"params": [p for p in ref.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in ref.parameters() if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=1e-2, betas=(0.9, 0.95))
+    opt.step()
+    pipe = SimulatedPipeline(split_gpt(CFG, 3, seed=0), PipelineConfig(schedule=schedule, microbatches=2, lr=1e-2))
+    assert pipe.train_step(x, y) == pytest.approx(loss.item(), abs=1e-5)
+    first, middle, last = (w.module for w in pipe.workers)
+    pairs = [(first.wte.weight, ref.wte.weight), (first.blocks[0].attn.c_attn.weight, ref.h[0].attn.c_attn.weight),
+             (middle.blocks[0].mlp.c_fc.weight, ref.h[1].mlp.c_fc.weight), (last.lm_head.weight, ref.lm_head.weight),
+             (last.ln_f.weight, ref.ln_f.weight)]
+    for got, want in pairs:  # one AdamW step from the same gradients (microbatches summed)
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_message_bytes_are_exactly_header_schema_and_buffers():
+    x, y = batch(b=4, t=16)
+    pipe = SimulatedPipeline(split_gpt(CFG, 2), PipelineConfig(microbatches=2, fwd_codec="quant:bits=8",
+                                                               bwd_codec="none"))
+    pipe.train_step(x, y)
+    pipe.train_step(x, y)
+    fwd = [a for a in pipe.actions if a.kind == "F" and a.stage == 0]
+    bwd = [a for a in pipe.actions if a.kind == "B" and a.stage == 1]
+    n = 2 * 16 * CFG.n_embd  # elements of one microbatch's activation
+    codes, groups = n, n // 128
+    assert all(a.send_bytes == HEADER_BYTES + codes + 8 * groups for a in fwd[1:])  # steady state: no schema
+    assert fwd[0].send_bytes > fwd[1].send_bytes  # the first message carries its schema
+    assert all(a.send_bytes == HEADER_BYTES + 4 * n for a in bwd[1:])
+    meters = pipe.meters()
+    assert meters[0].total("sent", "fwd") == sum(a.send_bytes for a in fwd) == meters[1].total("received", "fwd")
+
+
+@pytest.mark.parametrize("fwd,bwd", [("quant:bits=4", "quant:bits=8"), ("mask:keep=0.25", "none"),
+                                     ("mask:keep=0.1,mode=topk+quant:bits=8", "quant:bits=8"),
+                                     ("delta:bits=4", "quant:bits=8"), ("fp8", "fp8")])
+def test_byte_codecs_train(fwd, bwd):
+    pipe = SimulatedPipeline(split_gpt(CFG, 2), PipelineConfig(microbatches=2, fwd_codec=fwd, bwd_codec=bwd,
+                                                               lr=3e-3))
+    losses = []
+    for step in range(4):
+        x, y = batch(seed=step % 2)  # two batches, repeated: the delta cache gets hits
+        losses.append(pipe.train_step(x, y, torch.tensor([0, 1, 2, 3]) + 4 * (step % 2)))
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0]
+    assert pipe.eval_loss(*batch()) > 0
+
+
+class _Side(nn.Module):
+    """A stage returning a dict with an int side channel, and one receiving it."""
+
+    def __init__(self, first: bool) -> None:
+        super().__init__()
+        self.first = first
+        self.emb = nn.Embedding(256, 8) if first else None
+        self.lin = nn.Linear(8, 8 if first else 256)
+        self.calls = 0
+
+    def forward(self, inp):
+        if self.first:
+            return {"h": self.lin(self.emb(inp)), "tok": inp}
+        assert inp["tok"].dtype == torch.int64 and not inp["tok"].requires_grad
+        return self.lin(inp["h"]) + 0.0 * inp["tok"].unsqueeze(-1)
+
+    def after_optimizer_step(self):
+        self.calls += 1
+
+
+def test_side_channels_travel_exactly_and_hooks_run():
+    stages = [_Side(True), _Side(False)]
+    pipe = SimulatedPipeline(stages, PipelineConfig(microbatches=2, fwd_codec="quant:bits=2", bwd_codec="none"))
+    x, y = batch()
+    seen = []
+    orig = stages[1].forward
+
+    def spy(inp):
+        seen.append(inp["tok"].clone())
+        return orig(inp)
+
+    stages[1].forward = spy
+    pipe.train_step(x, y)
+    assert torch.equal(torch.cat(seen), x)  # token ids: never a lossy codec
+    assert stages[0].calls == stages[1].calls == 1
+    assert stages[0].emb.weight.grad is None and stages[0].lin.weight.abs().sum() > 0
+
+
+def test_bad_configs_are_named():
+    with pytest.raises(ConfigError, match="schedule"):
+        PipelineConfig(schedule="interleaved")
+    with pytest.raises(ConfigError, match="bwd codec 'delta' is not possible"):
+        PipelineConfig(bwd_codec="delta:bits=4")
+    with pytest.raises(ConfigError, match="option"):
+        PipelineConfig(fwd_codec="quant:bitz=4")
+    pipe = SimulatedPipeline(split_gpt(CFG, 2), PipelineConfig(microbatches=3))
+    with pytest.raises(ConfigError, match="multiple of microbatches=3"):
+        pipe.train_step(*batch(b=4))
+
+
+def test_trace_replays_over_links():
+    pipe = SimulatedPipeline(split_gpt(CFG, 2), PipelineConfig(schedule="gpipe", microbatches=2))
+    for s in range(2):
+        pipe.train_step(*batch(seed=s))
+    fast = simulate(pipe.actions, LinkSpec())
+    slow = simulate(pipe.actions, LinkSpec(1.0, 50.0))
+    sent = sum(a.send_bytes for a in pipe.actions)
+    busy = [sum(a.compute_s for a in pipe.actions if a.stage == s) for s in (0, 1)]
+    assert fast.busy_s == pytest.approx(busy)
+    assert max(busy) <= fast.total_s + 1e-9 and fast.total_s <= sum(busy) + 1e-9  # bubbles, never more
+    assert slow.total_s > fast.total_s + 8 * sent / 1e6 / 2  # the 1 Mbps link dominates (fwd, bwd overlap)
+    assert slow.link_bytes["b0.fwd"] + slow.link_bytes["b0.bwd"] == sent
+
+
+# ---- one process per stage under gloo ------------------------------------------------------------------------
+
+
+def _batches(step):
+    x, y = batch(seed=step)
+    return x, y, None
+
+
+def _train_ranks(rank, world, fwd, steps):
+    torch.manual_seed(0)
+    stages = split_gpt(CFG, world, seed=0)
+    res = run_stage(stages[rank], PipelineConfig(microbatches=2, fwd_codec=fwd, timeout_s=10), _batches, steps)
+    if res is None:
+        return None
+    return {"losses": res["losses"], "bytes": [m["sent"] for m in res["meters"]],
+            "recv": [m["received"] for m in res["meters"]], "n_actions": len(res["actions"]),
+            "wall": res["wall_step_end_s"]}
+
+
+def test_processes_match_the_simulated_pipeline():
+    reports = run_ranks(_train_ranks, 3, "quant:bits=8", 2)
+    assert [r[0] for r in reports] == ["ok"] * 3, reports
+    got = reports[0][1]
+    pipe = SimulatedPipeline(split_gpt(CFG, 3, seed=0), PipelineConfig(microbatches=2, fwd_codec="quant:bits=8"))
+    want = [pipe.train_step(*_batches(s)[:2]) for s in range(2)]
+    assert got["losses"] == pytest.approx(want, abs=1e-6)  # same codec noise: the same seeds per boundary
+    sim = [m.as_dict()["sent"] for m in pipe.meters()]
+    for r in range(3):
+        assert got["bytes"][r]["fwd"] == sim[r]["fwd"] and got["bytes"][r]["bwd"] == sim[r]["bwd"]
+    assert got["bytes"][0]["fwd"] == got["recv"][1]["fwd"] and got["bytes"][2]["bwd"] == got["recv"][1]["bwd"]
+    assert got["n_actions"] == 2 * (3 * (2 * 2 + 1)) and len(got["wall"]) == 2
+
+
+class _Crash(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        raise RuntimeError("boom in stage 1")
+
+
+def _crashing(rank, world):
+    stages = split_gpt(CFG, world, seed=0)
+    module = _Crash(stages[1]) if rank == 1 else stages[rank]
+    run_stage(module, PipelineConfig(microbatches=2, timeout_s=20), _batches, 2)
+
+
+def test_a_failing_stage_is_an_error_on_every_rank_quickly():
+    t0 = time.monotonic()
+    reports = run_ranks(_crashing, 3, timeout_s=20, deadline_s=30)
+    assert time.monotonic() - t0 < 15  # far below the 20 s timeout: the peers were told
+    assert reports[1][0] == "error" and "boom in stage 1" in reports[1][2]
+    for r in (reports[0], reports[2]):
+        assert r[0] == "error" and r[1] == "WirePeerError", r
+        assert "rank 1" in r[2]
+
+
+def _mismatched(rank, world):
+    stages = split_gpt(CFG, world, seed=0)
+    run_stage(stages[rank], PipelineConfig(microbatches=2, fwd_codec=f"quant:bits={4 if rank == 0 else 8}",
+                                           timeout_s=10), _batches, 1)
+
+
+def test_mismatched_codecs_fail_on_both_ranks_before_training():
+    reports = run_ranks(_mismatched, 2)
+    for r in reports:
+        assert r[0] == "error" and r[1] == "WireConfigMismatchError", r
+        assert "fwd_codec.bits" in r[2]
+
+
+def _torch_pipelining(rank, world):
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import ScheduleGPipe
+
+    from actzip.wire.pipeline import pipelining_stage
+
+    stage = pipelining_stage(split_gpt(CFG, world, seed=0)[rank], rank, world, "cpu")
+    sched = ScheduleGPipe(stage, n_microbatches=2,
+                          loss_fn=lambda out, y: F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1)))
+    x, y = batch()
+    losses = []
+    if rank == 0:
+        sched.step(x)
+    else:
+        sched.step(target=y, losses=losses)
+    return {"losses": [v.item() for v in losses], "meter": stage.actzip_meter.as_dict()["sent"]}
+
+
+def test_torch_pipelining_runs_actzip_stages_and_counts_their_bytes():
+    r0, r1 = run_ranks(_torch_pipelining, 2)
+    assert r0[0] == "ok" and r1[0] == "ok", (r0, r1)
+    pipe = SimulatedPipeline(split_gpt(CFG, 2, seed=0), PipelineConfig(microbatches=2, schedule="gpipe"))
+    assert sum(r1[1]["losses"]) / 2 == pytest.approx(pipe.train_step(*batch()), abs=1e-5)
+    raw = 4 * 16 * CFG.n_embd * 4  # the activations (and their gradients) of the batch, float32
+    assert r0[1]["meter"]["fwd"]["body_bytes"] == raw and r1[1]["meter"]["bwd"]["body_bytes"] == raw
+    assert r0[1]["meter"]["fwd"]["header_bytes"] == 0
