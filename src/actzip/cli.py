@@ -9,7 +9,7 @@ from actzip.core.errors import ActzipError
 
 
 # Options given as comma-separated lists on the command line, and the type of their items.
-_LIST_OPTIONS = {"strategies": str, "seq_lens": int, "presets": str}
+_LIST_OPTIONS = {"strategies": str, "seq_lens": int, "presets": str, "methods": str, "compressors": str, "bandwidths": float}
 
 
 def _config(cls, args: argparse.Namespace):
@@ -135,11 +135,41 @@ def _bench_kernels(args: argparse.Namespace) -> int:
     record = run_kernels(cfg, torch.device("cuda"))
     record["command"] = _command(args)
     t = Table(title=f"sparse kernels, {cfg.numel:,} elements; copy bandwidth {record['copy_bandwidth'] / 1e12:.2f} TB/s")
-    for col in ("dtype", "density", "sign", "exact", "encode ms", "enc % copy", "decode ms", "dec % copy"):
+    for col in ("dtype", "density", "sign", "exact", "2-pass enc ms", "% copy", "1-pass enc ms", "% copy",
+                "decode ms", "% copy", "relu² enc % copy"):
         t.add_column(col, justify="right")
     for r in record["runs"]:
+        relu = f"{r['encode_relu2_frac_copy']:.0%}" if "encode_relu2_frac_copy" in r else ""
         t.add_row(r["dtype"], f"{r['density']:.2f}", str(r["sign_pack"]), str(r["exact"]), f"{r['encode_s'] * 1e3:.3f}",
-                  f"{r['encode_frac_copy']:.0%}", f"{r['decode_s'] * 1e3:.3f}", f"{r['decode_frac_copy']:.0%}")
+                  f"{r['encode_frac_copy']:.0%}", f"{r['encode_single_pass_s'] * 1e3:.3f}",
+                  f"{r['encode_single_pass_frac_copy']:.0%}", f"{r['decode_s'] * 1e3:.3f}", f"{r['decode_frac_copy']:.0%}",
+                  relu)
+    console.print(t)
+    _write_json(record, args.json, console)
+    return 0
+
+
+def _bench_quant(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from actzip.bench.quant_kernels import QuantKernelBenchConfig, run_quant_kernels
+
+    if not torch.cuda.is_available():
+        raise ActzipError("actzip bench quant times GPU kernels: it needs a CUDA device")
+    cfg = QuantKernelBenchConfig(**({"numel": args.numel} if args.numel else {}))
+    console = Console()
+    record = run_quant_kernels(cfg, torch.device("cuda"))
+    record["command"] = _command(args)
+    bw = record["copy_bandwidth"] / 1e12
+    t = Table(title=f"quant/fp8 kernels, {cfg.numel:,} elements; copy bandwidth {bw:.2f} TB/s")
+    for col in ("dtype", "variant", "ratio", "exact", "encode ms", "enc % copy", "decode ms", "dec % copy", "vs torch"):
+        t.add_column(col, justify="left" if col == "variant" else "right")
+    for r in record["runs"]:
+        t.add_row(r["dtype"], r["variant"], f"{r['ratio']:.2f}", str(r["exact"]), f"{r['encode_s'] * 1e3:.3f}",
+                  f"{r['encode_frac_copy']:.0%}", f"{r['decode_s'] * 1e3:.3f}", f"{r['decode_frac_copy']:.0%}",
+                  f"{r['encode_bw'] / r['torch_encode_bw']:.0f}x")
     console.print(t)
     _write_json(record, args.json, console)
     return 0
@@ -175,6 +205,101 @@ def _bench_presets(args: argparse.Namespace) -> int:
         png = Path(args.json).with_suffix(".png")
         plot(record, png)
         console.print(f"wrote {png}")
+    return 0
+
+
+def _bench_lora(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from actzip.bench.lora import LoRABenchConfig, run_lora
+
+    given = _config(LoRABenchConfig, args)  # only to parse and check the options given
+    overrides = {k: getattr(given, k) for k in vars(args) if k in LoRABenchConfig.__dataclass_fields__
+                 and k != "name" and getattr(args, k) is not None}
+    cfg = LoRABenchConfig.preset(args.config, **overrides)
+    device = _device(args)
+    console = Console()
+    console.print(f"[bold]LoRA fine-tuning[/] ({cfg.name}): Llama d={cfg.hidden} x {cfg.layers} layers, {cfg.dtype}, "
+                  f"r={cfg.rank}, batch {cfg.batch_size}, {cfg.steps} steps per method, on {device}")
+    with Progress(transient=True) as bar:
+        pre = bar.add_task("pretrain", total=cfg.pretrain_steps)
+        fine = bar.add_task("fine-tune", total=cfg.steps * len(cfg.methods))
+        record = run_lora(cfg, device, progress=lambda phase, _: bar.update(pre if phase == "pretrain" else fine,
+                                                                            advance=1))
+    record["command"] = _command(args)
+    t = Table(title=f"after {cfg.pretrain_steps} pretraining steps (loss {record['pretrain']['final_loss']:.3f}); "
+                    f"task: {len(cfg.task.packages)} classes, chance {record['task']['chance_accuracy']:.0%}")
+    for col in ("method", "step ms", "vs lora", "peak MiB", "vs lora", "saved KiB/token", "vs lora",
+                "final loss", "test acc", "Δ points"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for r in record["runs"]:
+        pk = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.1f}"
+        pv = "" if r["peak_vs_lora"] is None else f"{r['peak_vs_lora'] - 1:+.1%}"
+        sv = "n/a" if r["saved_bytes_per_token"] is None else f"{r['saved_bytes_per_token'] / 1024:,.2f}"
+        sr = "" if r["saved_vs_lora"] is None else f"{r['saved_vs_lora'] - 1:+.1%}"
+        t.add_row(r["method"], f"{r['median_ms']:.1f}", f"{r['time_vs_lora'] - 1:+.1%}", pk, pv, sv, sr,
+                  f"{r['final_train_loss']:.4f}", f"{r['test_accuracy']:.1%}", f"{r['accuracy_vs_lora_points']:+.1f}")
+    console.print(t)
+    for r in record["runs"]:
+        e = r.get("grad_a_rel_error")
+        if e is not None:
+            console.print(f"{r['method']} grad_A relative error vs exact LoRA: median {e['median']:.1%}, all layers "
+                          f"{e['global']:.1%} ({e['min']:.1%}..{e['max']:.1%}); grad_B bit-identical: "
+                          f"{e['grad_b_bit_identical']}")
+    console.print("targets: " + ", ".join(f"{k}={v}" for k, v in record["targets"].items()))
+    _write_json(record, args.json, console)
+    return 0
+
+
+def _bench_wire(args: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from actzip.bench.wire import QUICK, WireBenchConfig, plot, render, run_wire
+
+    cfg = _config(WireBenchConfig, args)
+    if args.quick:  # the quick settings, except where an option was given
+        cfg = dataclasses.replace(cfg, **{k: v for k, v in QUICK.items() if getattr(args, k, None) is None})
+    device = _device(args)
+    console = Console(width=max(Console().width, 132))  # the table has ten columns
+    with Progress(transient=True) as bar:
+        task = bar.add_task("training", total=cfg.steps * len(cfg.compressors))
+        record = run_wire(cfg, device, progress=lambda name, step: bar.update(
+            task, advance=1 if step < cfg.steps else 0, description=f"{name} step {step + 1}"))
+    record["command"] = _command(args)
+    console.print(render(record))
+    _write_json(record, args.json, console)
+    if args.json:
+        png = Path(args.json).with_suffix(".png")
+        plot(record, png)
+        console.print(f"wrote {png}")
+    return 0
+
+
+def _bench_cache(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from actzip.bench.cache import CacheBenchConfig, render, run_cache, with_quick
+
+    if isinstance(args.models, str):
+        args.models = tuple(args.models.split(","))
+    cfg = _config(CacheBenchConfig, args)
+    if args.quick:  # the quick settings, except where an option was given
+        cfg = with_quick(cfg, {k for k in vars(args) if getattr(args, k) is not None})
+    device = _device(args)
+    console = Console()
+    console.print(f"[bold]activation cache[/]: {', '.join(cfg.models)} x {', '.join(cfg.strategies)}, "
+                  f"{cfg.batch_size} x {cfg.seq_len} tokens, {cfg.dtype}, on {device}")
+    record = run_cache(cfg, device)
+    record["command"] = _command(args)
+    for item in render(record):
+        console.print(item)
+    _write_json(record, args.json, console)
     return 0
 
 
@@ -234,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--preset", help="model size (default gpt2-124m)")
     gp.add_argument("--seq-lens", dest="seq_lens", help="comma-separated (default 1024,4096,8192)")
     gp.add_argument("--tokens-per-step", type=int, dest="tokens_per_step")
+    gp.add_argument("--loss-chunk", type=int, dest="loss_chunk", help="tokens per loss chunk (0: full logits)")
     gp.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
     gp.add_argument("--kernel", choices=["auto", "torch", "triton"])
     gp.add_argument("--rounds", type=int)
@@ -246,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--numel", type=int, help="elements per tensor (default 2**28)")
     kb.add_argument("--json", metavar="PATH")
     kb.set_defaults(func=_bench_kernels)
+    qb = bsub.add_parser("quant", help="quant/fp8 kernel throughput vs the measured copy bandwidth (CUDA)")
+    qb.add_argument("--numel", type=int, help="elements per tensor (default 2**28)")
+    qb.add_argument("--json", metavar="PATH")
+    qb.set_defaults(func=_bench_quant)
     pb = bsub.add_parser("presets", help="loss curves of the activation-cache presets on the reference GPT")
     pb.add_argument("--model", help="GPT preset (default tiny)")
     pb.add_argument("--activation", choices=["relu", "relu2", "gelu"])
@@ -263,6 +393,75 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--device")
     bb.add_argument("--json", metavar="PATH")
     bb.set_defaults(func=_bench_bits)
+    lb = bsub.add_parser("lora", help="LoRA fine-tuning of a Llama-style model: LoRA, checkpointing, LoRA-FA, CARE-LoRA")
+    lb.add_argument("--config", default="quick", help="quick (CPU, ~1-2 min, default) or h200")
+    lb.add_argument("--methods", help="comma-separated, from lora,lora+checkpoint,fa,care,care+K (K: extra_rank)")
+    lb.add_argument("--steps", type=int, help="fine-tuning steps per method")
+    lb.add_argument("--pretrain-steps", type=int, dest="pretrain_steps")
+    lb.add_argument("--batch-size", type=int, dest="batch_size")
+    lb.add_argument("--rank", type=int)
+    lb.add_argument("--dropout", type=float)
+    lb.add_argument("--lam", type=float)
+    lb.add_argument("--dropout-mask", dest="dropout_mask", choices=["bitmask", "bool", "regenerate"],
+                    help="how fa / care keep the dropout mask (default bitmask)")
+    lb.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    lb.add_argument("--adapter-dtype", dest="adapter_dtype", choices=["peft", "model"])
+    lb.add_argument("--seed", type=int)
+    lb.add_argument("--device")
+    lb.add_argument("--json", metavar="PATH")
+    lb.set_defaults(func=_bench_lora)
+    wb = bsub.add_parser("wire", help="pipeline training over slow links: dense vs each boundary compressor")
+    wb.add_argument("--quick", action="store_true", help="a small run for a 2-core CPU (under 3 minutes)")
+    wb.add_argument("--model", help="GPT preset (default small)")
+    wb.add_argument("--n-layer", type=int, dest="n_layer")
+    wb.add_argument("--n-embd", type=int, dest="n_embd")
+    wb.add_argument("--n-head", type=int, dest="n_head")
+    wb.add_argument("--block-size", type=int, dest="block_size")
+    wb.add_argument("--stages", type=int, help="pipeline stages (default 2)")
+    wb.add_argument("--compressors", help="comma-separated name:ratio entries (dense, quant:8, mask:8, topk:8, "
+                    "delta:8, subspace:100, bottleneck:100, stiefel:16, stiefel-rvq:100, ...)")
+    wb.add_argument("--bwd-codec", dest="bwd_codec", help="backward codec spec for the byte codecs (default: "
+                    "follow the forward one)")
+    wb.add_argument("--bandwidths", help="comma-separated link speeds in Mbps (default 80,200)")
+    wb.add_argument("--latency-ms", type=float, dest="latency_ms", help="one-way link latency (default 50)")
+    wb.add_argument("--schedule", choices=["gpipe", "1f1b"])
+    wb.add_argument("--microbatches", type=int)
+    wb.add_argument("--batch-size", type=int, dest="batch_size")
+    wb.add_argument("--steps", type=int)
+    wb.add_argument("--lr", type=float)
+    wb.add_argument("--seed", type=int)
+    wb.add_argument("--dataset-windows", type=int, dest="dataset_windows",
+                    help="train on a fixed set of this many windows (delta needs repeated samples)")
+    wb.add_argument("--target-steps", type=float, dest="target_steps",
+                    help="runs short of dense's final loss train on up to this many times --steps (default 2)")
+    wb.add_argument("--corpus-bytes", type=int, dest="corpus_bytes", help="bytes of the embedded corpus read")
+    wb.add_argument("--mode", choices=["simulated", "processes", "netns"],
+                    help="stages in one process (default), one process per stage under torchrun, or two "
+                         "processes through a real netem-shaped link per bandwidth (root, sch_netem)")
+    wb.add_argument("--device")
+    wb.add_argument("--json", metavar="PATH", help="also writes PATH with .png: loss vs bytes and vs time")
+    wb.set_defaults(func=_bench_wire)
+    cb = bsub.add_parser("cache", help="activation bytes, peak memory and step time of every cache strategy on "
+                         "the reference GPT (ReLU², GELU) and a Llama-style model (SwiGLU)")
+    cb.add_argument("--quick", action="store_true", help="tiny models, a few steps: under a minute on a CPU")
+    cb.add_argument("--models", help="comma-separated subset of gpt-relu2,gpt-gelu,llama-swiglu")
+    cb.add_argument("--strategies", help="comma-separated subset of none,checkpoint,sparse,lossless,conservative,"
+                    "balanced,aggressive,4bit,2bit,sketch-d8 (none is required)")
+    cb.add_argument("--gpt-preset", dest="gpt_preset", help="model size, GPT preset (default gpt2-124m)")
+    cb.add_argument("--seq-len", type=int, dest="seq_len", help="default 1024")
+    cb.add_argument("--batch-size", type=int, dest="batch_size", help="default 32")
+    cb.add_argument("--vocab-size", type=int, dest="vocab_size",
+                    help="default: the model's own (50304 GPT-2, 32000 Llama); 256 = bytes, as the corpus")
+    cb.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
+    cb.add_argument("--rounds", type=int)
+    cb.add_argument("--warmup", type=int)
+    cb.add_argument("--min-bytes", type=int, dest="min_bytes", help="tensors below this are kept (default 64 KiB)")
+    cb.add_argument("--loss-chunk", type=int, dest="loss_chunk",
+                    help="output head + loss this many tokens at a time (default 4096; 0: full float32 logits)")
+    cb.add_argument("--group-size", type=int, dest="group_size", help="quantization group (default 128)")
+    cb.add_argument("--device")
+    cb.add_argument("--json", metavar="PATH")
+    cb.set_defaults(func=_bench_cache)
     r = sub.add_parser("report", help="write docs/RESULTS.md from the JSON files under results/")
     r.add_argument("--root", default=".", help="project root (default: the current directory)")
     r.set_defaults(func=_report)
