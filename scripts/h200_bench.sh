@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU figure in results/: run on the device machine from the repository root, with PYTHONPATH=src.
-# Usage: scripts/h200_bench.sh OUT_DIR [stage...]   stages: tests kernels ffn gpt bits demo (default: all)
+# Usage: scripts/h200_bench.sh OUT_DIR [stage...]
+#   stages: tests kernels ffn gpt bits demo quant cache lora wire (default: all; more than 10 minutes in all)
 set -uo pipefail
 out=${1:?output directory}; shift
-stages=${*:-tests kernels ffn gpt bits demo}
+stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
 mkdir -p "$out"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 az() { python3 -m actzip "$@"; }
@@ -26,5 +27,10 @@ PY
     gpt) az bench gpt --json "$out/gpt.json" ;;
     bits) az bench bits --json "$out/bits.json" ;;
     demo) az demo --no-progress --json "$out/demo-h200-small.json" ;;
+    quant) az bench quant --json "$out/quant.json" ;;
+    cache) az bench cache --json "$out/cache.json" ;;
+    lora) az bench lora --config h200 --json "$out/lora.json" ;;
+    wire) az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 4 --batch-size 32 --microbatches 8 \
+            --steps 600 --json "$out/wire.json" ;;
   esac
 done
