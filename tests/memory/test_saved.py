@@ -231,3 +231,19 @@ def test_zero_fraction_exact_when_small_and_close_when_sampled():
     rng_before = torch.get_rng_state()
     zero_fraction(big)
     assert torch.equal(rng_before, torch.get_rng_state())
+
+
+def test_a_node_that_saves_its_output_does_not_keep_the_graph_alive():
+    # relu saves its own output; holding that tensor itself in the hook's box would be a cycle
+    # (node -> box -> output -> node) that keeps every tensor of a graph alive when no backward runs
+    # (a probe forward, an evaluation step with grad enabled, an exception before backward).
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    x = torch.randn(64, 64, requires_grad=True)
+    for cache in (ActivationCache.count_only(), ActivationCache()):
+        with cache:
+            r = torch.relu(x * 2.0)
+            loss = r.square().sum()
+        ref = StorageWeakRef(r.untyped_storage())
+        del r, loss
+        assert ref.expired()

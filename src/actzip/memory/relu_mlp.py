@@ -251,7 +251,7 @@ class _RebuildSaved(torch.autograd.graph.saved_tensors_hooks):
                 if key == target:
                     record_external("rebuilt", t.numel() * t.element_size(), 0)
                     return _Rebuild(make, t)
-            return cache.pack(t) if cache is not None else t
+            return cache.pack(t) if cache is not None else t.detach()  # detached: no node -> itself cycle
 
         def unpack(saved):
             if isinstance(saved, _Rebuild):

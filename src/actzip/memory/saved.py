@@ -31,7 +31,8 @@ from actzip.memory.rules import CacheConfig, Rule, count_only_rules, default_rul
 
 
 class _Saved:
-    """What autograd holds in place of a saved tensor: a payload, or the tensor itself."""
+    """What autograd holds in place of a saved tensor: a payload, or the tensor (detached: a node that saves its
+    own output would otherwise hold itself through it, a cycle that keeps the whole graph alive)."""
 
     __slots__ = ("payload", "tensor", "codec", "_decoded", "__weakref__")
 
@@ -161,7 +162,7 @@ class ActivationCache:
         dense = t.numel() * t.element_size()
         for rule in self.rules:
             if rule.matches(t):
-                name, saved, stored = rule.name, _Saved(t, None, None), dense
+                name, saved, stored = rule.name, _Saved(t.detach(), None, None), dense
                 if rule.codec is not None:
                     payload = rule.codec.encode(t, name=f"saved tensor {tuple(t.shape)} {t.dtype}")
                     if payload.nbytes >= dense:  # no gain: keep the tensor, drop the payload
@@ -173,7 +174,7 @@ class ActivationCache:
                 self._account.add(name, dense, stored)
                 return saved, rule
         self._account.add("unmatched", dense, dense)
-        return _Saved(t, None, None), None
+        return _Saved(t.detach(), None, None), None
 
     def pack(self, t: torch.Tensor) -> _Saved:
         """Store ``t`` as the hooks would (for code that installs hooks of its own inside the block)."""
