@@ -225,7 +225,8 @@ def _lora_section(path: Path, root: Path) -> str:
         f"\n## LoRA fine-tuning with compressed activations ({c['name']})\n",
         (f"Llama-style model from a local config ({m['params'] / 1e6:.1f}M params, d={m['hidden']}, {m['layers']} layers, "
         f"byte vocabulary, {c['dtype']}), pretrained {pre['steps']} steps on the embedded corpus (loss "
-        f"{pre['final_loss']:.3f}), then peft LoRA (r={c['rank']}, alpha={c['alpha']:g}, dropout {c['dropout']}, every "
+        f"{pre['final_loss']:.3f}), then peft LoRA (r={c['rank']}, alpha={c['alpha']:g}, dropout {c['dropout']} (fa / care "
+        f"keep its mask as {c.get('dropout_mask', 'bitmask')}), every "
         f"linear layer, adapters {'float32 (peft default)' if c['adapter_dtype'] == 'peft' else 'in the model dtype'}) "
         f"fine-tuned {c['steps']} steps of {c['batch_size']} examples on snippet classification "
         f"({len(rec['task']['classes'])} standard-library packages, chance {rec['task']['chance_accuracy']:.0%}, "
