@@ -1,5 +1,15 @@
+import importlib.util
+import os
+
 import pytest
 import torch
+
+# Without a GPU, Triton runs kernels in its interpreter, and it decides whether a kernel (and its own library
+# functions) are interpreted when they are defined, i.e. at import. Modules anywhere in the suite may import
+# Triton or actzip's kernels while being collected (peft imports Triton), so the interpreter is switched on
+# here, before anything is collected, for the whole run; tests that need it off use a fresh process.
+if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ and importlib.util.find_spec("triton"):
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):
