@@ -46,7 +46,15 @@ def _train(book, learner, data, steps, receiver=None):
 
 @pytest.mark.parametrize(
     "field,value",
-    [("dim", 0), ("levels", 0), ("codebook_size", 1), ("decay", 1.0), ("tol", -1.0), ("delta_dtype", torch.int8)],
+    [
+        ("dim", 0),
+        ("levels", 0),
+        ("codebook_size", 1),
+        ("decay", 1.0),
+        ("tol", -1.0),
+        ("delta_dtype", torch.int8),
+        ("max_rows", 0),
+    ],
 )
 def test_config_rejects_bad_values(field, value):
     kwargs = {"dim": 4, field: value}
@@ -114,6 +122,21 @@ def test_deltas_carry_only_changed_rows():
     assert sizes[0] == full  # the first update restarts every seeded row from data
     assert max(sizes[1:]) < full // 4  # then only rows that moved travel
     assert sum(sizes[-5:]) < sum(sizes[1:6])  # and fewer as the codebook settles
+    assert torch.equal(receiver.codebook, book.codebook)
+
+
+def test_max_rows_bounds_each_update_and_keeps_both_ends_in_sync():
+    cfg = RVQConfig(dim=4, levels=2, codebook_size=32, decay=0.5, dead_after=2, max_rows=5)
+    book, receiver = RVQCodebook(cfg), RVQCodebook(cfg)
+    learner = RVQLearner(book)
+    data = _clusters()
+    for _ in range(12):
+        idx, _, inputs = book.quantize(data)
+        learner.observe(idx, inputs)
+        learner.update()
+        delta = learner.take_message()
+        assert delta is not None and delta.rows.numel() <= 5
+        receiver.apply_delta(delta)
     assert torch.equal(receiver.codebook, book.codebook)
 
 

@@ -15,8 +15,11 @@ same seeded draw. Only the sending end learns (:class:`RVQLearner`, EMA k-means)
   received nothing for ``dead_after`` updates from recent residuals, and every ``sync_every`` updates
   *publishes*: the rows whose live value moved by more than ``tol`` (relative) are copied into the
   codebook both ends use (rounded to ``delta_dtype``), the version is bumped, the checksum recomputed, and a
-  :class:`CodebookDelta` holding only those rows is queued for the receiver. Publishing reads the changed-row
-  count and the codebook bytes on the host: one synchronization per publication, not per forward.
+  :class:`CodebookDelta` holding only those rows (at most ``max_rows``, those that moved most: a bounded
+  stream) is queued for the receiver. Publishing reads the changed-row count and the codebook bytes on the
+  host: one synchronization per publication, not per forward. Publishing rarely (``sync_every`` > 1) makes
+  every level's rows jump at once, and the deeper levels were fitted to the old residuals: measured, it
+  makes the training loss spike at every publication. ``max_rows`` bounds the stream without that.
 
 The receiver applies a delta only on top of the version it was computed from, recomputes the checksum and
 compares; every decode also checks the payload's version and checksum against its own codebook. Any mismatch
@@ -72,14 +75,17 @@ class RVQConfig:
     init_std: float = 0.02  # std of the initial rows (unused rows are soon restarted from data anyway)
     decay: float = 0.99  # EMA decay of the k-means statistics (sender only)
     dead_after: int = 10  # updates without any assignment after which a row restarts from a recent residual
-    sync_every: int = 10  # publish the changed rows every n-th update (amortizes the codebook stream)
+    sync_every: int = 1  # publish the changed rows every n-th update (> 1 makes the codebook jump; see above)
     tol: float = 1e-2  # publish a row when ||live - published|| > tol * max(||published||, 1e-6)
+    max_rows: int | None = None  # publish at most this many rows per publication, those that moved most
     delta_dtype: torch.dtype = torch.float32  # dtype rows travel in; both ends store the rounded value
     commitment: float = 0.0  # beta: weight of the commitment gradient added to the code's gradient
 
     def __post_init__(self) -> None:
-        for name in ("dim", "levels", "dead_after", "sync_every"):
+        for name in ("dim", "levels", "dead_after", "sync_every", "max_rows"):
             value = getattr(self, name)
+            if name == "max_rows" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"RVQConfig.{name} must be a positive int, got {value!r}")
         k = self.codebook_size
@@ -372,10 +378,13 @@ class RVQLearner(nn.Module):
         cfg = self.cfg
         pub = self.book.codebook.view(-1, cfg.dim)
         live = self.live.view(-1, cfg.dim)
-        moved = (live - pub).norm(dim=1) > cfg.tol * pub.norm(dim=1).clamp_min(1e-6)
-        rows = moved.nonzero().squeeze(1)  # host sync: once per publication
+        change = (live - pub).norm(dim=1) / pub.norm(dim=1).clamp_min(1e-6)
+        rows = (change > cfg.tol).nonzero().squeeze(1)  # host sync: once per publication
         if rows.numel() == 0:
             return None
+        if cfg.max_rows is not None and rows.numel() > cfg.max_rows:
+            # A bounded stream: the rows that moved most go first, the others wait for a later publication.
+            rows = rows[change[rows].topk(cfg.max_rows).indices].sort().values
         values = live[rows].to(cfg.delta_dtype)
         pub[rows] = values.to(pub.dtype)
         base = self.book.version
