@@ -24,20 +24,11 @@ from actzip.codecs.quant import FP8Codec, QuantCodec  # noqa: E402
 from actzip.core.errors import ConfigError, InvalidValueError  # noqa: E402
 from actzip.kernels import quant_triton as K  # noqa: E402
 from actzip.kernels import runtime  # noqa: E402
+from test_sparse_triton import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
 
 # Arithmetic on padding rows and on inf/NaN groups is what the format asks for; numpy (the interpreter) warns.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
-DEVICES = [
-    pytest.param(
-        "cpu",
-        marks=pytest.mark.skipif(
-            not runtime.interpreter_enabled(),
-            reason="CPU cases run under Triton's interpreter, which is off (TRITON_INTERPRET unset: a GPU is present)",
-        ),
-    ),
-    pytest.param("cuda", marks=pytest.mark.cuda),
-]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 QUANT_CONFIGS = [(b, s) for b in (1, 2, 4, 8) for s in ("minmax", "absmax") if not (b == 1 and s == "absmax")]
 ROUNDINGS = ["nearest", "stochastic"]
