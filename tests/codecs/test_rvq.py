@@ -16,13 +16,7 @@ from actzip.codecs.rvq import (
 from actzip.core.errors import ActzipError, ConfigError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # These tensors are tiny: one intra-op thread is faster, and much faster on a shared machine.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see tests/conftest.py
 
 
 def _clusters(n=2048, dim=4, centers=16, seed=0):

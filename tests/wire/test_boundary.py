@@ -18,13 +18,7 @@ from actzip.wire.stiefel import orthonormality_error
 D, B, T, V = 32, 2, 8, 256
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # These tensors are tiny: one intra-op thread is faster, and much faster on a shared machine.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see tests/conftest.py
 
 
 def _x():

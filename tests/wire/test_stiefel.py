@@ -12,13 +12,7 @@ from actzip.wire.stiefel import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # These tensors are tiny: one intra-op thread is faster, and much faster on a shared machine.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see tests/conftest.py
 
 
 def test_random_stiefel_is_orthonormal_and_seeded():
