@@ -253,6 +253,14 @@ def _bench_lora(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_partial(record: dict, args: argparse.Namespace, console) -> None:
+    """The entries finished so far, to --json (overwritten by the full record at the end)."""
+    if args.json:
+        record["command"] = _command(args)
+        record["partial"] = True
+        _write_json(record, args.json, console)
+
+
 def _bench_wire(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
@@ -270,7 +278,8 @@ def _bench_wire(args: argparse.Namespace) -> int:
     with Progress(transient=True) as bar:
         task = bar.add_task("training", total=cfg.steps * len(cfg.compressors))
         record = run_wire(cfg, device, progress=lambda name, step: bar.update(
-            task, advance=1 if step < cfg.steps else 0, description=f"{name} step {step + 1}"))
+            task, advance=1 if step < cfg.steps else 0, description=f"{name} step {step + 1}"),
+            on_entry=lambda partial: _write_partial(partial, args, bar.console))
     record["command"] = _command(args)
     console.print(render(record))
     _write_json(record, args.json, console)

@@ -62,3 +62,20 @@ def test_processes_mode_runs_under_torchrun(tmp_path, monkeypatch):
     r = train_entry_processes(cfg, "quant:8", torch.device("cpu"))
     assert len(r["losses"]) == 2 and len(r["wall_step_end_s"]) == 2
     assert r["bytes_per_token_fwd"] == pytest.approx(r["bytes_per_token_bwd"])
+
+
+def test_processes_mode_trains_on_towards_the_target(tmp_path, monkeypatch):
+    """Past --steps the ranks agree each step whether the last stage's smoothed loss reached the target."""
+    from actzip.bench.wire import train_entry_processes
+
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    import torch
+
+    cfg = WireBenchConfig(model="tiny", n_layer=2, block_size=16, batch_size=4, steps=2, microbatches=2,
+                          dataset_windows=8, mode="processes", timeout_s=30, corpus_bytes=200_000, target_steps=2.0)
+    never = train_entry_processes(cfg, "quant:8", torch.device("cpu"), target=-1.0)
+    assert len(never["losses"]) == 4 and len(never["wall_step_end_s"]) == 4
+    at_once = train_entry_processes(cfg, "quant:8", torch.device("cpu"), target=1e9)
+    assert len(at_once["losses"]) == 2
+    # bytes per token count the first `steps` steps only (equal tokens), whatever the run length
+    assert never["bytes_per_token_fwd"] == pytest.approx(at_once["bytes_per_token_fwd"], rel=0.01)

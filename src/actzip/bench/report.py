@@ -259,6 +259,50 @@ def _lora_section(path: Path, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _fmt_s(v: float | None) -> str:
+    return "not reached" if v is None else f"{v:,.1f}"
+
+
+def _wire_section(path: Path, root: Path) -> str:
+    rec = json.loads(path.read_text())
+    if not {"gpt", "runs", "mode", "curves"} <= rec.keys():
+        return ""  # another wire file format (the compressor study): described in docs/wire-compressors.md
+    c, g = rec["config"], rec["gpt"]
+    how = {"simulated": "all stages in one process", "processes": "one process per stage (torchrun; NCCL between "
+           "GPUs, gloo on CPU)", "netns": "two processes through a real shaped link"}[rec["mode"]]
+    bws = sorted({r["bandwidth_mbps"] for r in rec["runs"]}, key=lambda b: float("inf") if b is None else b)
+    label = {b: ("no link limit" if b is None else f"{b:g} Mbps") for b in bws}
+    lines = [
+        f"\n## Pipeline wire compression: {c['stages']} stages, {how}\n",
+        (f"Reference GPT ({g['n_layer']} layers, d={g['n_embd']}, {g['block_size']} tokens per sequence), {c['batch_size']} "
+         f"sequences per step in {c['microbatches']} microbatches ({c['schedule']}), AdamW lr {c['lr']:g}, same weights "
+         f"and batches for every entry, {c['steps']} steps (runs short of dense's final loss train on up to "
+         f"{c['target_steps']:g}x). Bytes per token per boundary each way count headers. Step times replay each "
+         f"run's measured compute trace over a modelled link ({c['latency_ms']:g} ms one way) per bandwidth; "
+         "'wall' is the measured step time of the run itself. Loss: mean training loss of the last "
+         f"{c['smooth']:.0%} of the {c['steps']} steps; time to target: until the smoothed loss reaches dense's.\n"),
+        _provenance(rec, path, root) + "\n",
+        "| entry | B/token fwd | B/token bwd | fwd ratio | loss | vs dense | wall step ms | "
+        + " | ".join(f"step ms @ {label[b]} | to target s @ {label[b]}" for b in bws) + " |",
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(bws),
+    ]
+    by_entry: dict[str, dict] = {}
+    for r in rec["runs"]:
+        by_entry.setdefault(r["entry"], {})[r["bandwidth_mbps"]] = r
+    for entry, per_bw in by_entry.items():
+        r0 = next(iter(per_bw.values()))
+        wall = r0.get("wall_step_time_s")
+        gap = "" if r0["loss_gap"] is None else f"{r0['loss_gap']:+.1%}"
+        cells = []
+        for b in bws:
+            r = per_bw.get(b)
+            cells += ["", ""] if r is None else [f"{r['step_time_s'] * 1e3:,.1f}", _fmt_s(r["time_to_target_s"])]
+        lines.append(f"| {entry} | {r0['bytes_per_token_fwd']:,.1f} | {r0['bytes_per_token_bwd']:,.1f} | "
+                     f"{r0['measured_ratio_fwd']:,.1f} | {r0['final_loss']:.4f} | {gap} | "
+                     f"{'n/a' if wall is None else f'{wall * 1e3:,.1f}'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def build(root: Path) -> str:
     out = [HEADER]
     sections = [("kernels.json", _kernels_section), ("ffn.json", _ffn_section), ("gpt.json", _gpt_section),
@@ -270,6 +314,7 @@ def build(root: Path) -> str:
         out.extend(_presets_section(p, root) for p in sorted(machine_dir.glob("presets*.json")))
         out.extend(_lora_section(p, root) for p in sorted(machine_dir.glob("lora*.json")))
         out.extend(_cache_section(p, root) for p in sorted(machine_dir.glob("cache*.json")))
+        out.extend(_wire_section(p, root) for p in sorted(machine_dir.glob("wire*.json")))
     demos = sorted((root / "results" / "demo").glob("*.json"))
     if demos:
         out.append(DEMO_NOTE)

@@ -237,7 +237,7 @@ def train_entry(cfg: WireBenchConfig, entry: str, device: torch.device, corpus: 
     gcfg = cfg.gpt_config()
     fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
     if cfg.mode == "processes":
-        return train_entry_processes(cfg, entry, device)
+        return train_entry_processes(cfg, entry, device, target=target)
     if name == "delta" and cfg.dataset_windows is None:
         raise ConfigError("delta caches activations per sample and needs repeated samples: set dataset_windows")
     stages = [s.to(device) for s in build_stages_for(gcfg, cfg.stages, name, ratio, cfg.seed)]
@@ -266,6 +266,13 @@ def train_entry(cfg: WireBenchConfig, entry: str, device: torch.device, corpus: 
             "losses": pipe.losses, "val_loss": sum(val) / len(val), "actions": acts, "tokens": tokens,
             "bytes_per_token_fwd": fwd_b / (tokens * boundaries), "bytes_per_token_bwd": bwd_b / (tokens * boundaries),
             "wire_bytes_checked": sum(m.total("sent", "fwd") + m.total("sent", "bwd") for m in pipe.meters())}
+
+
+def _median_step(ends: list[float] | None) -> float | None:
+    """Median wall-clock step time of a run made with one process per stage (None for one process)."""
+    if not ends:
+        return None
+    return statistics.median([b - a for a, b in zip([0.0, *ends], ends)])
 
 
 def summarize(cfg: WireBenchConfig, trained: list[dict], dense_bytes_per_token: float,
@@ -316,15 +323,17 @@ def summarize(cfg: WireBenchConfig, trained: list[dict], dense_bytes_per_token: 
                 "speedup_to_target": (ref_time / ttt) if ref_time and ttt else None,
                 "steps_to_target": None if hit is None else hit + 1, "steps_run": len(t["losses"]),
                 "time_source": "simulated" if measured is None else "measured", "simulated_step_time_s": sim_step,
+                "wall_step_time_s": _median_step(t.get("wall_step_end_s")),
                 **({"link_counters": t["link_counters"]} if "link_counters" in t else {}),
             })
     return runs, curves
 
 
-def run_wire(cfg: WireBenchConfig, device: torch.device, progress=None) -> dict:
-    """Train every entry in one process (stages share the device) and summarize over every link."""
-    from actzip.bench.harness import machine_record
+def run_wire(cfg: WireBenchConfig, device: torch.device, progress=None, on_entry=None) -> dict:
+    """Train every entry (dense first: it sets the target) and summarize over every link.
 
+    ``on_entry(record)``, if given, receives the record of the entries trained so far after each one, so a long
+    run that is cut short still leaves its finished entries (the CLI writes them to ``--json``)."""
     corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
     threads = torch.get_num_threads()
     if cfg.threads is not None and device.type == "cpu":
@@ -351,9 +360,17 @@ def run_wire(cfg: WireBenchConfig, device: torch.device, progress=None) -> dict:
                 trained.append(train_entry(cfg, e, device, corpus, progress, target))
                 if trained[-1]["compressor"] == "dense" and target is None:
                     target = statistics.fmean(trained[-1]["losses"][cfg.steps - window : cfg.steps])
+                if on_entry is not None and len(trained) < len(order):
+                    on_entry(_record(cfg, gcfg, *summarize(cfg, trained, dense_bpt), device))
             runs, curves = summarize(cfg, trained, dense_bpt)
     finally:
         torch.set_num_threads(threads)
+    return _record(cfg, gcfg, runs, curves, device)
+
+
+def _record(cfg: WireBenchConfig, gcfg: GPTConfig, runs: list[dict], curves: dict, device: torch.device) -> dict:
+    from actzip.bench.harness import machine_record
+
     ref = [r for r in runs if r["compressor"] == "dense"]
     return {
         "config": asdict(cfg), "gpt": dataclasses.asdict(gcfg), "mode": cfg.mode,
@@ -365,16 +382,18 @@ def run_wire(cfg: WireBenchConfig, device: torch.device, progress=None) -> dict:
 # ---- one process per stage: torchrun, or two network namespaces --------------------------------------------
 
 
-def _worker_command(cfg: WireBenchConfig, entry: str, device: torch.device, out: str) -> list[str]:
+def _worker_command(cfg: WireBenchConfig, entry: str, device: torch.device, out: str,
+                    target: float | None = None) -> list[str]:
     fields = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
     return ["-m", "actzip.bench.wire", "--entry", entry, "--config", json.dumps(fields), "--device", str(device),
-            "--out", out]
+            "--out", out, *(["--target", repr(target)] if target is not None else [])]
 
 
 def train_entry_processes(cfg: WireBenchConfig, entry: str, device: torch.device,
-                          link: LinkSpec | None = None) -> dict:
-    """Train one entry with one process per stage for ``steps`` steps: under torchrun (``link=None``: the
-    processes talk over loopback TCP), or in two network namespaces joined by a ``link``-shaped veth pair.
+                          link: LinkSpec | None = None, target: float | None = None) -> dict:
+    """Train one entry with one process per stage for ``steps`` steps (then on towards ``target`` as
+    :func:`train_entry` does): under torchrun (``link=None``: the processes talk over loopback TCP with gloo, or
+    NCCL between GPUs), or in two network namespaces joined by a ``link``-shaped veth pair.
     Returns what :func:`train_entry` does, plus measured wall-clock step ends (and interface counters)."""
     import os
     import subprocess
@@ -384,8 +403,8 @@ def train_entry_processes(cfg: WireBenchConfig, entry: str, device: torch.device
     name, ratio = parse_entry(entry)
     with tempfile.TemporaryDirectory(prefix="actzip-wire-") as tmp:
         out = os.path.join(tmp, "rank0.json")
-        cmd = _worker_command(cfg, entry, device, out)
-        limit = cfg.timeout_s + 60 + 5.0 * cfg.steps
+        cmd = _worker_command(cfg, entry, device, out, target)
+        limit = cfg.timeout_s + 60 + 5.0 * cfg.steps * (cfg.target_steps if target is not None else 1)
         if link is None:
             argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.stages}",
                     *cmd]
@@ -415,10 +434,14 @@ def train_entry_processes(cfg: WireBenchConfig, entry: str, device: torch.device
     tokens = cfg.steps * cfg.batch_size * gcfg.block_size
     acts = [Action.from_tuple(a) for a in res["actions"]]
     fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
+    counted = [a for a in acts if a.step < cfg.steps]  # equal tokens: the first `steps` steps
+
+    def per_token(kind: str) -> float:
+        return sum(a.send_bytes for a in counted if a.kind == kind) / (tokens * (cfg.stages - 1))
+
     out = {"entry": entry, "compressor": name, "ratio": ratio, "fwd_codec": fwd, "bwd_codec": bwd,
            "losses": res["losses"], "val_loss": None, "actions": acts, "tokens": tokens,
-           "bytes_per_token_fwd": sum(a.send_bytes for a in acts if a.kind == "F") / (tokens * (cfg.stages - 1)),
-           "bytes_per_token_bwd": sum(a.send_bytes for a in acts if a.kind == "B") / (tokens * (cfg.stages - 1)),
+           "bytes_per_token_fwd": per_token("F"), "bytes_per_token_bwd": per_token("B"),
            "wall_step_end_s": res["wall_step_end_s"]}
     if res.get("probes") and all(p and p[0] for p in res["probes"]):
         out["link_counters"] = [{k: p[1][k] - p[0][k] for k in p[0]} | {"meter": m}
@@ -452,6 +475,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, help="WireBenchConfig fields as JSON")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", required=True)
+    p.add_argument("--target", type=float, default=None,
+                   help="after --steps, train on (up to target_steps times) until the smoothed loss reaches this")
     args = p.parse_args(argv)
     fields = json.loads(args.config)
     cfg = WireBenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
@@ -471,8 +496,11 @@ def worker_main(argv: list[str] | None = None) -> int:
         module = build_stages_for(cfg.gpt_config(), cfg.stages, name, ratio, cfg.seed)[rank].to(device)
         corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
         batches = Batches(corpus, cfg.batch_size, cfg.gpt_config().block_size, cfg.seed, cfg.dataset_windows)
+        window = max(1, round(cfg.smooth * cfg.steps))
+        until = None if args.target is None else (
+            lambda losses: statistics.fmean(losses[-window:]) <= args.target)
         res = run_stage(module, pipeline_config(cfg, args.entry), batches, cfg.steps, device=device,
-                        probe=_interface_counters)
+                        probe=_interface_counters, until=until, max_steps=round(cfg.target_steps * cfg.steps))
     except ActzipError as e:
         print(f"actzip: error: rank {rank}: {e}", file=sys.stderr)
         return 2
@@ -524,8 +552,9 @@ def render(record: dict):
     t = Table(title=f"{c['stages']} stages of a {record['gpt']['n_layer']}-block d={record['gpt']['n_embd']} GPT, "
                     f"{c['schedule']}, {c['steps']} steps x {c['batch_size']}x{record['gpt']['block_size']} tokens; "
                     f"links {', '.join(f'{b:g}' for b in c['bandwidths'])} Mbps, {c['latency_ms']:g} ms")
+    wall = any(r.get("wall_step_time_s") is not None for r in record["runs"])
     for col in ("entry", "Mbps", "B/tok fwd", "B/tok bwd", "ratio", "final loss", "vs dense", "step ms",
-                "to target s", "speedup"):
+                "to target s", "speedup", *(("wall ms",) if wall else ())):
         t.add_column(col, justify="left" if col == "entry" else "right")
     for r in record["runs"]:
         bw = "inf" if r["bandwidth_mbps"] is None else f"{r['bandwidth_mbps']:g}"
@@ -534,7 +563,7 @@ def render(record: dict):
         gap = "" if r["loss_gap"] is None else f"{r['loss_gap']:+.2%}"
         t.add_row(r["entry"], bw, f"{r['bytes_per_token_fwd']:.1f}", f"{r['bytes_per_token_bwd']:.1f}",
                   f"{r['measured_ratio_fwd']:.1f}", f"{r['final_loss']:.4f}", gap, f"{r['step_time_s'] * 1e3:.0f}",
-                  ttt, sp)
+                  ttt, sp, *((f"{r['wall_step_time_s'] * 1e3:.0f}",) if wall else ()))
     return t
 
 

@@ -385,7 +385,8 @@ class SimulatedPipeline:
 def run_stage(module: nn.Module, cfg: PipelineConfig, batches: Callable[[int], tuple], steps: int, *,
               device: torch.device | str | None = None, group=None, loss_fn: Callable | None = None,
               progress: Callable[[int, float | None], None] | None = None,
-              probe: Callable[[], dict] | None = None) -> dict | None:
+              probe: Callable[[], dict] | None = None,
+              until: Callable[[list[float]], bool] | None = None, max_steps: int | None = None) -> dict | None:
     """Run this process's stage (stage = rank in ``group``) for ``steps`` steps; torchrun starts one per stage.
 
     ``batches(step)`` returns ``(x, y, ids)`` for a step and must give every rank the same batch (stage 0 uses
@@ -395,6 +396,10 @@ def run_stage(module: nn.Module, cfg: PipelineConfig, batches: Callable[[int], t
     traffic only; e.g. to read network interface counters); ``probes`` holds each rank's two results. On any
     error the rank tells its neighbors why (they raise :class:`~actzip.wire.transport.WirePeerError`) and
     re-raises.
+
+    With ``until`` and ``max_steps``, training goes on past ``steps`` (up to ``max_steps``) until ``until(losses)``
+    is true on the last stage; its answer is broadcast to every rank after each such step (one small collective
+    per extra step, so all ranks stop together).
     """
     import torch.distributed as dist
 
@@ -411,7 +416,15 @@ def run_stage(module: nn.Module, cfg: PipelineConfig, batches: Callable[[int], t
             probes.append(probe())
         wall_end = []
         t_start = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of a host
-        for step in range(steps):
+        limit = steps if until is None or max_steps is None else max(steps, max_steps)
+        flag = torch.zeros(1, dtype=torch.int32, device=backend.device)
+        for step in range(limit):
+            if step >= steps:
+                if worker.last:
+                    flag.fill_(int(bool(until(worker.losses))))
+                dist.broadcast(flag, src=n - 1, group=group)
+                if int(flag.item()):  # the benchmark's stop test; not a training hot path
+                    break
             x, y, ids = batches(step)
             worker.begin_step(step, x, y, ids)
             for kind, mb in schedule_actions(cfg.schedule, n, rank, cfg.microbatches):
@@ -435,7 +448,7 @@ def run_stage(module: nn.Module, cfg: PipelineConfig, batches: Callable[[int], t
         return None
     t0 = min(r["start"] for r in got)
     return {"actions": [Action.from_tuple(a) for r in got for a in r["actions"]], "losses": got[-1]["losses"],
-            "wall_step_end_s": [max(r["wall"][i] for r in got) - t0 for i in range(steps)],
+            "wall_step_end_s": [max(r["wall"][i] for r in got) - t0 for i in range(len(got[0]["wall"]))],
             "meters": [r["meter"] for r in got], "probes": [r["probes"] for r in got], "config": asdict(cfg)}
 
 
