@@ -1,6 +1,8 @@
+import dataclasses
 import json
 
 import pytest
+import torch
 
 from actzip.bench.wire import QUICK, WireBenchConfig, codec_specs, parse_entry
 from actzip.cli import main
@@ -55,7 +57,6 @@ def test_processes_mode_runs_under_torchrun(tmp_path, monkeypatch):
     from actzip.bench.wire import train_entry_processes
 
     monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
-    import torch
 
     cfg = WireBenchConfig(model="tiny", n_layer=2, block_size=16, batch_size=4, steps=2, microbatches=2,
                           dataset_windows=8, mode="processes", timeout_s=30, corpus_bytes=200_000)
@@ -69,7 +70,6 @@ def test_processes_mode_trains_on_towards_the_target(tmp_path, monkeypatch):
     from actzip.bench.wire import train_entry_processes
 
     monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
-    import torch
 
     cfg = WireBenchConfig(model="tiny", n_layer=2, block_size=16, batch_size=4, steps=2, microbatches=2,
                           dataset_windows=8, mode="processes", timeout_s=30, corpus_bytes=200_000, target_steps=2.0)
@@ -79,3 +79,25 @@ def test_processes_mode_trains_on_towards_the_target(tmp_path, monkeypatch):
     assert len(at_once["losses"]) == 2
     # bytes per token count the first `steps` steps only (equal tokens), whatever the run length
     assert never["bytes_per_token_fwd"] == pytest.approx(at_once["bytes_per_token_fwd"], rel=0.01)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_processes_mode_over_nccl_matches_one_process(tmp_path, monkeypatch, schedule):
+    """Two GPUs, one process each, NCCL point-to-point both ways: the bytes of every step and the losses are
+    those of the same pipeline run in one process (a deadlock would end in the NCCL watchdog's abort)."""
+    from actzip.bench.wire import Corpus, train_entry, train_entry_processes
+
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    cfg = WireBenchConfig(model="tiny", n_layer=2, block_size=32, batch_size=8, steps=4, microbatches=4,
+                          dataset_windows=16, mode="processes", timeout_s=60, corpus_bytes=200_000,
+                          schedule=schedule)
+    dev = torch.device("cuda")
+    multi = train_entry_processes(cfg, "quant:8", dev)
+    single = train_entry(dataclasses.replace(cfg, mode="simulated"), "quant:8", dev,
+                         Corpus.from_stdlib(max_bytes=cfg.corpus_bytes))
+    assert multi["bytes_per_token_fwd"] == single["bytes_per_token_fwd"]
+    assert multi["bytes_per_token_bwd"] == single["bytes_per_token_bwd"]
+    # stochastic rounding draws the same hash noise in both; matmuls on two GPUs may round differently
+    assert multi["losses"] == pytest.approx(single["losses"], rel=1e-2)

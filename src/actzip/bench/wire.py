@@ -427,7 +427,7 @@ def train_entry_processes(cfg: WireBenchConfig, entry: str, device: torch.device
         if failed:
             i, r = failed[0]
             raise ConfigError(f"bench wire: the stage processes of {entry!r} failed (rank {i}, exit "
-                              f"{r.returncode}): {(r.stderr or r.stdout).strip()[-2000:]}")
+                              f"{r.returncode}): {_failure_digest(r.stderr or r.stdout)}")
         with open(out) as f:
             res = json.load(f)
     gcfg = cfg.gpt_config()
@@ -447,6 +447,14 @@ def train_entry_processes(cfg: WireBenchConfig, entry: str, device: torch.device
         out["link_counters"] = [{k: p[1][k] - p[0][k] for k in p[0]} | {"meter": m}
                                 for p, m in zip(res["probes"], res["meters"])]
     return out
+
+
+def _failure_digest(text: str, limit: int = 3000) -> str:
+    """The lines of a failed worker's output that say why (the launcher's own report buries them)."""
+    lines = text.strip().splitlines()
+    why = [ln for ln in lines if any(k in ln for k in ("actzip: error", "Error", "error:", "Exception", "NCCL WARN"))]
+    head = "\n".join(dict.fromkeys(why))[:limit // 2]
+    return (head + "\n...\n" if head else "") + "\n".join(lines)[-(limit - len(head)):]
 
 
 def _interface_counters() -> dict:

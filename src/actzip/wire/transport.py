@@ -198,12 +198,24 @@ class DistBackend:
         self.device = torch.device(device)
         self._pending: deque = deque()  # (work, tensor, peer, what): tensors stay alive until sent
         self._failed: WireError | None = None  # after a failed receive the stream position is lost for good
+        # An NCCL send holds its stream until the peer posts the receive, and a pair's sends and receives share
+        # one stream per communicator: two neighbours sending to each other at once (hellos, a forward crossing
+        # a backward) would wait on each other for ever. Traffic towards lower ranks gets a communicator of its
+        # own, so each communicator carries one direction per pair. (Gloo buffers sends; one group is enough.)
+        self._down = group
+        if backend == "nccl":
+            self._down = dist.new_group(dist.get_process_group_ranks(group) if group is not None else None,
+                                        backend="nccl")
 
     def _peer(self, peer: int) -> int:
         return peer if self.group is None else self.dist.get_global_rank(self.group, peer)
 
+    def _group_to(self, peer: int):
+        """The group whose communicator carries messages between this rank and ``peer`` in that direction."""
+        return self._down if peer < self.rank else self.group
+
     def send(self, peer: int, data: torch.Tensor, what: str) -> None:
-        work = self.dist.isend(data, dst=self._peer(peer), group=self.group)
+        work = self.dist.isend(data, dst=self._peer(peer), group=self._group_to(peer))
         self._pending.append((work, data, peer, what))
         while self._pending and self._pending[0][0].is_completed():
             self._pending.popleft()
@@ -214,7 +226,8 @@ class DistBackend:
                                      f"the stream out of step ({self._failed})")
         out = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         try:
-            self.dist.irecv(out, src=self._peer(peer), group=self.group).wait(
+            # a message from a higher rank travels downwards: the same communicator its sender used
+            self.dist.irecv(out, src=self._peer(peer), group=self._down if peer > self.rank else self.group).wait(
                 timeout=datetime.timedelta(seconds=timeout_s))
         except RuntimeError as e:
             self._failed = _map_dist_error(e, self.rank, peer, what, timeout_s)
