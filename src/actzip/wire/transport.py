@@ -201,11 +201,28 @@ class DistBackend:
         # An NCCL send holds its stream until the peer posts the receive, and a pair's sends and receives share
         # one stream per communicator: two neighbours sending to each other at once (hellos, a forward crossing
         # a backward) would wait on each other for ever. Traffic towards lower ranks gets a communicator of its
-        # own, so each communicator carries one direction per pair. (Gloo buffers sends; one group is enough.)
-        self._down = group
-        if backend == "nccl":
-            self._down = dist.new_group(dist.get_process_group_ranks(group) if group is not None else None,
-                                        backend="nccl")
+        # own, so each communicator carries one direction per pair. (Gloo buffers sends, but takes the same
+        # path, so the CPU tests cover it.)
+        self._down = dist.new_group(dist.get_process_group_ranks(group) if group is not None else None,
+                                    backend=backend)
+        self._connect_neighbours()
+
+    def _connect_neighbours(self) -> None:
+        """Create every neighbour pair's two NCCL communicators now, pair by pair in rank order on every rank.
+
+        NCCL creates a pair's communicator at its first message, blocking both ends until both arrive; left to
+        the traffic, rank 0 would wait in the upward communicator while rank 1 waits in the downward one."""
+        one = torch.zeros(1, dtype=torch.uint8, device=self.device)
+        n = self.dist.get_world_size(self.group)
+        for low in range(n - 1):
+            if self.rank == low:
+                self.dist.isend(one, dst=self._peer(low + 1), group=self.group).wait()
+                self.dist.irecv(one, src=self._peer(low + 1), group=self._down).wait()
+            elif self.rank == low + 1:
+                self.dist.irecv(one, src=self._peer(low), group=self.group).wait()
+                self.dist.isend(one, dst=self._peer(low), group=self._down).wait()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _peer(self, peer: int) -> int:
         return peer if self.group is None else self.dist.get_global_rank(self.group, peer)
