@@ -128,6 +128,7 @@ def machine_record(device: torch.device) -> dict:
         rec["triton"] = None
     if device.type == "cuda":
         rec["gpu"] = torch.cuda.get_device_name(device)
+        rec["gpus"] = torch.cuda.device_count()  # of the host; a multi-process run uses one per process
         rec["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
     return rec
 

@@ -53,7 +53,10 @@ def _demo_section(path: Path, root: Path) -> str:
 
 def _provenance(rec: dict, path: Path, root: Path) -> str:
     m = rec.get("machine", {})
-    return (f"`{rec.get('command', '?')}` on {m.get('gpu') or m.get('host_cpu', '?')}, torch {m.get('torch', '?')}, "
+    where = m.get("gpu") or m.get("host_cpu", "?")
+    if m.get("gpu") and m.get("gpus", 1) > 1:
+        where = f"{m['gpus']}x {where}"
+    return (f"`{rec.get('command', '?')}` on {where}, torch {m.get('torch', '?')}, "
             f"Triton {m.get('triton', '?')}, {m.get('date', '?')} ([{path.name}]({Path('..') / path.relative_to(root)}))")
 
 
@@ -282,6 +285,8 @@ def _wire_section(path: Path, root: Path) -> str:
          "'wall' is the measured step time of the run itself. Loss: mean training loss of the last "
          f"{c['smooth']:.0%} of the {c['steps']} steps; time to target: until the smoothed loss reaches dense's.\n"),
         _provenance(rec, path, root) + "\n",
+        *([f"Partial: the run was stopped at a time limit; finished entries: "
+           f"{', '.join(dict.fromkeys(r['entry'] for r in rec['runs']))}.\n"] if rec.get("partial") else []),
         "| entry | B/token fwd | B/token bwd | fwd ratio | loss | vs dense | wall step ms | "
         + " | ".join(f"step ms @ {label[b]} | to target s @ {label[b]}" for b in bws) + " |",
         "|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(bws),
@@ -314,7 +319,7 @@ def build(root: Path) -> str:
         out.extend(_presets_section(p, root) for p in sorted(machine_dir.glob("presets*.json")))
         out.extend(_lora_section(p, root) for p in sorted(machine_dir.glob("lora*.json")))
         out.extend(_cache_section(p, root) for p in sorted(machine_dir.glob("cache*.json")))
-        out.extend(_wire_section(p, root) for p in sorted(machine_dir.glob("wire*.json")))
+        out.extend(_wire_section(p, root) for p in sorted(machine_dir.glob("wire*.json"), key=lambda p: p.stem))
     demos = sorted((root / "results" / "demo").glob("*.json"))
     if demos:
         out.append(DEMO_NOTE)
