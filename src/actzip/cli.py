@@ -191,7 +191,8 @@ def _bench_presets(args: argparse.Namespace) -> int:
         task = bar.add_task("training", total=cfg.steps * len(cfg.presets))
         record = run_presets(cfg, device, progress=lambda name, step: bar.update(task, advance=1, description=name))
     record["command"] = _command(args)
-    t = Table(title=f"{cfg.model} {cfg.activation} GPT, {cfg.steps} steps per preset, {device}")
+    family = "Llama (HF)" if cfg.activation == "swiglu" else "GPT"
+    t = Table(title=f"{cfg.model}-size {cfg.activation} {family}, {cfg.steps} steps per preset, {device}")
     for col in ("preset", "saved B/token", "vs lossless", "final train loss", "val loss", "val gap", "step ms"):
         t.add_column(col, justify="left" if col == "preset" else "right")
     ref = record["runs"][0]
@@ -387,8 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     qb.set_defaults(func=_bench_quant)
     pb = bsub.add_parser("presets", help="loss curves of the activation-cache presets on the reference GPT")
     pb.add_argument("--model", help="GPT preset (default tiny)")
-    pb.add_argument("--activation", choices=["relu", "relu2", "gelu"])
-    pb.add_argument("--presets", help="comma-separated (default lossless,conservative,balanced,aggressive)")
+    pb.add_argument("--activation", choices=["relu", "relu2", "gelu", "swiglu"],
+                    help="the reference GPT's MLP activation, or swiglu: a HuggingFace Llama of the same size")
+    pb.add_argument("--presets", help="comma-separated (default lossless,conservative,balanced,aggressive; "
+                    "also 4bit)")
     pb.add_argument("--steps", type=int)
     pb.add_argument("--batch-size", type=int, dest="batch_size")
     pb.add_argument("--device")

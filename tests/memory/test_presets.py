@@ -148,7 +148,10 @@ class TanhMul(nn.Module):
         return self.b(h * torch.sigmoid(h) / (h.square() + 1))
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+SAFE_PRESETS = [name for name, p in PRESETS.items() if p.min_nonlinear_bits >= 8]  # all but 4bit
+
+
+@pytest.mark.parametrize("preset", SAFE_PRESETS)
 @pytest.mark.parametrize("model", list(NONLINEAR_MODELS))
 def test_nonlinear_inputs_never_below_8_bits(preset, model, data):
     _, _, cache = grads(NONLINEAR_MODELS[model](), *data, preset=preset)
@@ -160,7 +163,7 @@ def test_nonlinear_inputs_never_below_8_bits(preset, model, data):
         assert m and (m.group(2) is None or int(m.group(2)) >= 8), name
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("preset", SAFE_PRESETS)
 def test_rules_keep_the_safety_rule(preset):
     for rule in preset_rules(preset):
         if rule.name.startswith("nonlinear_input:") and rule.codec is not None:
@@ -227,3 +230,33 @@ def test_a_lossy_copy_is_shared_by_saves_the_rules_treat_alike():
     y.backward()
     assert cache.last.by_rule["linear_input:quant4"].tensors == 1
     assert cache.last.duplicates == 2
+
+
+def test_the_4bit_preset_stores_every_float_activation_in_4_bits():
+    # It opts out of the safety rule, and says so; everything not a leaf and not small goes to 4 bits.
+    import torch.nn as nn
+
+    assert PRESETS["4bit"].min_nonlinear_bits == 4 and "safety rule" in PRESETS["4bit"].description
+    assert set(PRESETS) - set(SAFE_PRESETS) == {"4bit"}
+    torch.manual_seed(0)
+    fc, proj, norm = nn.Linear(64, 256), nn.Linear(256, 64), nn.LayerNorm(64)
+    x = torch.randn(512, 64, requires_grad=True)
+    with compressed("4bit", min_bytes=0) as cache:
+        h = fc(norm(x * 2.0))
+        y = proj(torch.relu(h) ** 2).sum()  # relu² : relu's output is saved by relu and by the square
+    y.backward()
+    lossy = {n: a for n, a in cache.last.by_rule.items() if n != "leaf"}
+    assert lossy and all(n.endswith(":quant4") for n in lossy), sorted(lossy)
+    assert cache.last.bytes_after * 3.5 < cache.last.bytes_before - cache.last.by_rule["leaf"].dense_bytes
+    # the relu output, saved twice under rules that store it alike (4-bit, nearest), is stored once
+    assert cache.last.duplicates >= 1
+
+
+def test_saves_under_different_roles_but_the_same_codec_share_one_copy():
+    from actzip.memory.saved import _same_treatment
+
+    rules = {r.name: r for r in preset_rules("4bit")}
+    assert _same_treatment(rules["relu_output:quant4"], rules["nonlinear_input:quant4"])
+    assert not _same_treatment(rules["linear_input:quant4"], rules["nonlinear_input:quant4"])  # sr vs rn
+    bal = {r.name: r for r in preset_rules("balanced")}
+    assert not _same_treatment(bal["linear_input:quant4"], bal["nonlinear_input:quant8"])

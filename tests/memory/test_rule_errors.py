@@ -128,3 +128,9 @@ def test_treatments_override_a_preset():
     # lossless by role: every role sparse when sparse enough, except the one overridden.
     names = [r.name for r in preset_rules("lossless", treatments={"linear_input": "quant4-sr"})]
     assert "linear_input:quant4" in names and "relu_output:sparse" in names and "attention:sparse" in names
+
+
+def test_the_4bit_preset_lowers_the_nonlinear_floor_to_4_bits_only():
+    preset_rules("4bit", treatments={"nonlinear_input": "quant4-sr"})  # its own floor
+    with pytest.raises(ConfigError, match=r"at least 4 bits, got 'quant2-rn' \(only the 4bit preset opts out"):
+        preset_rules("4bit", treatments={"nonlinear_input": "quant2-rn"})

@@ -22,9 +22,10 @@ the strategies only change what is saved for backward):
   tensors; the same rules as the ``lossless`` preset, which is accepted as a name too);
 - ``conservative``, ``balanced``, ``aggressive``: the presets of :mod:`actzip.memory.presets` (linear inputs at
   8 / 4 / 2 bits), under a :class:`~actzip.memory.RoleTracker`;
-- ``4bit``, ``2bit``: every role the presets' safety rule lets go lossy: linear inputs at 4 / 2 bits
-  (stochastic); nonlinear inputs, attention and norm inputs at 8 bits (nearest); relu outputs lossless sparse;
-  parameters and ``other`` (tensors saved outside a known function, e.g. the loss's log-softmax) kept;
+- ``4bit``: the ``4bit`` preset, every float activation at 4 bits (linear inputs stochastic, the rest nearest; it opts out of the presets' 8-bit safety rule for nonlinear inputs, as ActNN and GACT do);
+- ``2bit``: every role the presets' safety rule lets go lossy: linear inputs at 2 bits (stochastic); nonlinear
+  inputs, attention and norm inputs at 8 bits (nearest); relu outputs lossless sparse; parameters and ``other``
+  (tensors saved outside a known function, e.g. the loss's log-softmax) kept;
 - ``sketch-d8``: every ``nn.Linear`` but the output head as :class:`~actzip.memory.SketchedLinear` at rank
   ``in_features / 8`` (CompAct-style: a random sketch of each linear input instead of the input).
 
@@ -65,7 +66,7 @@ from actzip.core.errors import ConfigError
 from actzip.memory.presets import DEFAULT_MIN_BYTES, PRESETS
 
 MODELS = ("gpt-relu2", "gpt-gelu", "llama-swiglu")
-_LOSSY_PRESETS = tuple(p for p in PRESETS if p != "lossless")
+_LOSSY_PRESETS = tuple(p for p in PRESETS if p not in ("lossless", "4bit"))  # 4bit: its own strategy below
 STRATEGIES = ("none", "checkpoint", "sparse", *_LOSSY_PRESETS, "4bit", "2bit", "sketch-d8")
 KNOWN_STRATEGIES = (*STRATEGIES, "lossless")
 HEAD = "loss head"  # the float32 log-softmax output the cross entropy keeps (tokens x vocab)
@@ -78,8 +79,7 @@ DESCRIPTIONS = {
     "sparse": "ActivationCache, default rules: lossless sparse for mostly-zero tensors",
     "lossless": "preset lossless (the default rules)",
     **{p: f"preset {p}: {PRESETS[p].description}" for p in _LOSSY_PRESETS},
-    "4bit": "every lossy-eligible role: linear inputs 4-bit sr; nonlinear, attention, norm 8-bit rn; "
-            "relu outputs lossless sparse; other kept",
+    "4bit": "preset 4bit: every float activation 4-bit; linear inputs sr, the rest rn",
     "2bit": "every lossy-eligible role: linear inputs 2-bit sr; nonlinear, attention, norm 8-bit rn; "
             "relu outputs lossless sparse; other kept",
     "sketch-d8": "every nn.Linear but the output head saves x S, S random of rank in_features/8",
@@ -255,10 +255,11 @@ def strategy_rules(name: str, cfg: CacheBenchConfig):
     if name == "sparse":
         return default_rules(CacheConfig(min_bytes=cfg.min_bytes))
     opts = {"min_bytes": cfg.min_bytes, "group_size": cfg.group_size, "seed": cfg.seed}
-    if name in ("4bit", "2bit"):
-        base = "balanced" if name == "4bit" else "aggressive"
+    if name == "4bit":
+        return preset_rules("4bit", **opts)
+    if name == "2bit":
         every = {"attention": "quant8-rn", "norm": "quant8-rn"}
-        return preset_rules(base, treatments=every, **opts)
+        return preset_rules("aggressive", treatments=every, **opts)
     return preset_rules(name, **opts)
 
 

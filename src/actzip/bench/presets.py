@@ -1,7 +1,8 @@
 """Loss curves of the activation-cache presets: the same GPT, weights and batches under each preset.
 
-Trains the reference GPT from the same initial weights on the same batches of the embedded corpus once per
-preset (``lossless``, ``conservative``, ``balanced``, ``aggressive``), recording the training loss, the
+Trains the reference GPT (or, with ``activation="swiglu"``, a HuggingFace Llama of the same size built from a
+local config) from the same initial weights on the same batches of the embedded corpus once per preset
+(``lossless``, ``conservative``, ``balanced``, ``aggressive``, ``4bit``), recording the training loss, the
 validation loss at the end, the bytes the cache kept per token, and the step time. The final-loss gap to
 ``lossless`` (which is bit-identical to no compression) is the price of each lossy preset.
 """
@@ -22,7 +23,9 @@ from actzip.models import GPT, GPTConfig
 @dataclass
 class PresetBenchConfig:
     model: str = "tiny"  # GPTConfig preset
-    activation: str = "gelu"  # GELU exercises the nonlinear-input rules; relu2 the sparse ones
+    # GELU exercises the nonlinear-input rules; relu2 the sparse ones; swiglu: an HF LlamaForCausalLM of the GPT
+    # preset's width, depth and sequence length, byte vocabulary, built from a local config
+    activation: str = "gelu"
     presets: tuple[str, ...] = ("lossless", "conservative", "balanced", "aggressive")
     steps: int = 2000
     batch_size: int = 16
@@ -33,38 +36,53 @@ class PresetBenchConfig:
     log_every: int = 10  # keep every n-th training loss in the record
 
 
-def _val_loss(model: GPT, corpus: Corpus, cfg: PresetBenchConfig, device) -> float:
+def _val_loss(model, loss_fn, block: int, corpus: Corpus, cfg: PresetBenchConfig, device) -> float:
     g = torch.Generator().manual_seed(1234)
     losses = []
     model.eval()
     with torch.no_grad():
         for _ in range(cfg.eval_batches):
-            x, y = corpus.get_batch("val", cfg.batch_size, model.config.block_size, generator=g, device=device)
-            losses.append(float(model(x, y)[1]))
+            x, y = corpus.get_batch("val", cfg.batch_size, block, generator=g, device=device)
+            losses.append(float(loss_fn(x, y)))
     model.train()
     return sum(losses) / len(losses)
+
+
+def _build(cfg: PresetBenchConfig, device: torch.device):
+    """The model, its loss ``(x, y) -> scalar``, an optimizer factory and the sequence length."""
+    gcfg = GPTConfig.preset(cfg.model) if cfg.activation == "swiglu" else \
+        GPTConfig.preset(cfg.model, activation=cfg.activation)
+    torch.manual_seed(0)
+    if cfg.activation == "swiglu":
+        from actzip.bench.cache import CacheBenchConfig, _adamw, build_model
+
+        ccfg = CacheBenchConfig(models=("llama-swiglu",), gpt_preset=cfg.model, seq_len=gcfg.block_size,
+                                vocab_size=256, loss_chunk=0, dtype="float32")
+        m = build_model("llama-swiglu", ccfg, device)
+        return m.module, m.loss, lambda: _adamw(m.module, cfg.lr), gcfg.block_size
+    base = GPT(gcfg).to(device)
+    return base, (lambda x, y: base(x, y)[1]), (lambda: base.configure_optimizer(lr=cfg.lr)), gcfg.block_size
 
 
 def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> dict:
     from actzip.bench.harness import machine_record
 
     corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
-    torch.manual_seed(0)
-    base = GPT(GPTConfig.preset(cfg.model, activation=cfg.activation)).to(device)
+    base, loss_fn, make_opt, block = _build(cfg, device)
     init = {k: v.clone() for k, v in base.state_dict().items()}
-    tokens = cfg.batch_size * base.config.block_size
+    tokens = cfg.batch_size * block
     runs = []
     for name in cfg.presets:
         base.load_state_dict(init)
-        opt = base.configure_optimizer(lr=cfg.lr)
+        opt = make_opt()
         cache = ActivationCache(rules=preset_rules(name, min_bytes=cfg.min_bytes))  # built once: fresh noise each step
         g = torch.Generator().manual_seed(0)
         losses, times, kept, before = [], [], [], []
         for step in range(cfg.steps):
-            x, y = corpus.get_batch("train", cfg.batch_size, base.config.block_size, generator=g, device=device)
+            x, y = corpus.get_batch("train", cfg.batch_size, block, generator=g, device=device)
             t0 = time.perf_counter()
             with RoleTracker(), cache:
-                _, loss = base(x, y)
+                loss = loss_fn(x, y)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -82,7 +100,7 @@ def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> 
         runs.append({
             "preset": name,
             "final_train_loss": sum(tail) / len(tail),
-            "val_loss": _val_loss(base, corpus, cfg, device),
+            "val_loss": _val_loss(base, loss_fn, block, corpus, cfg, device),
             "saved_bytes_per_token": statistics.fmean(kept) / tokens,
             "dense_bytes_per_token": statistics.fmean(before) / tokens,
             "step_time_s": statistics.median(times[5:]) if len(times) > 5 else statistics.median(times),
@@ -109,7 +127,9 @@ def plot(record: dict, path) -> None:
         ax.plot(xs, r["train_loss"], label=f"{r['preset']} (val gap {r['val_loss_gap']:+.2%})", linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
-    ax.set_title(f"{record['config']['model']} {record['config']['activation']} GPT: activation-cache presets")
+    c = record["config"]
+    family = "Llama (HF)" if c["activation"] == "swiglu" else "GPT"
+    ax.set_title(f"{c['model']}-size {c['activation']} {family}: activation-cache presets")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

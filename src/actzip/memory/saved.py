@@ -142,7 +142,8 @@ class ActivationCache:
                 # is shared only with a save the rules treat the same way (same role, same codec): another
                 # save may need more precision than the first got.
                 shareable = saved is not None and (
-                    saved.codec is None or saved.codec.lossless or self._rule_for(t) is self._rule_of.get(id(saved))
+                    saved.codec is None or saved.codec.lossless
+                    or _same_treatment(self._rule_for(t), self._rule_of.get(id(saved)))
                 )
                 if shareable and not storage_ref.expired():
                     self._account.duplicates += 1
@@ -185,3 +186,14 @@ class ActivationCache:
         return saved.get()
 
     _unpack = unpack
+
+
+def _same_treatment(a: Rule | None, b: Rule | None) -> bool:
+    """Would rule ``a`` store a tensor exactly as rule ``b`` did (same codec and options, same offload)? Then a
+    second save may share the first one's lossy copy, whichever roles the two rules are for."""
+    if a is b:
+        return True
+    if a is None or b is None or a.codec is None or b.codec is None or a.offload is not b.offload:
+        return False
+    opts = getattr(type(a.codec), "options", None)
+    return type(a.codec) is type(b.codec) and callable(opts) and a.codec.options() == b.codec.options()
