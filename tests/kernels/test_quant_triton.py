@@ -39,17 +39,30 @@ def raw(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(_BITS[t.dtype]).cpu()
 
 
+def mismatches(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor | None = None, limit: int = 8) -> str:
+    """Where two tensors' bits differ: count, then index, bits and values of the first few (for a GPU failure)."""
+    ra, rb = raw(a).reshape(-1).cpu(), raw(b).reshape(-1).cpu()
+    bad = ra != rb
+    if keep is not None:
+        bad &= keep
+    idx = bad.nonzero().reshape(-1)[:limit].tolist()
+    va, vb = a.reshape(-1).cpu(), b.reshape(-1).cpu()
+    rows = [f"[{i}] bits {int(ra[i]):#x} vs {int(rb[i]):#x}, values {va[i].item()!r} vs {vb[i].item()!r}"
+            for i in idx]
+    return f"{int(bad.sum())} of {bad.numel()} differ: " + "; ".join(rows)
+
+
 def assert_same_bits(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
     assert a.dtype == b.dtype and a.shape == b.shape, what
-    assert torch.equal(raw(a), raw(b)), what
+    assert torch.equal(raw(a), raw(b)), f"{what}: {mismatches(a, b)}"
 
 
 def assert_same_values(a: torch.Tensor, b: torch.Tensor) -> None:
     """Bitwise equal, except that NaN matches NaN whatever its bits."""
     assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
     na, nb = torch.isnan(a).cpu().reshape(-1), torch.isnan(b).cpu().reshape(-1)
-    assert torch.equal(na, nb)
-    assert torch.equal(raw(a).reshape(-1)[~na], raw(b).reshape(-1)[~na])
+    assert torch.equal(na, nb), f"NaN positions differ: {int((na != nb).sum())}"
+    assert torch.equal(raw(a).reshape(-1)[~na], raw(b).reshape(-1)[~na]), mismatches(a, b, ~na)
 
 
 def check_paths(make, x: torch.Tensor) -> None:
