@@ -1,3 +1,4 @@
+import math
 """The pipeline runner: schedules, equivalence with the unsplit model, codecs on the boundaries, side channels,
 hooks, and multi-process runs under gloo (results, exact bytes, faults)."""
 
@@ -261,3 +262,31 @@ def test_torch_pipelining_runs_actzip_stages_and_counts_their_bytes():
     raw = 4 * 16 * CFG.n_embd * 4  # the activations (and their gradients) of the batch, float32
     assert r0[1]["meter"]["fwd"]["body_bytes"] == raw and r1[1]["meter"]["bwd"]["body_bytes"] == raw
     assert r0[1]["meter"]["fwd"]["header_bytes"] == 0
+
+
+def test_a_codebook_desync_is_recovered_by_the_runner():
+    """The receiver decodes with its codebook as it is, the gradient asks for a snapshot, the books meet again."""
+    import warnings
+
+    from actzip.wire import pipeline
+    from actzip.wire.stages import build_stages
+
+    cfg = GPTConfig.preset("tiny", n_layer=2, dropout=0.0)
+    stages = build_stages(cfg, 2, "stiefel-rvq", ratio=100, rvq_sync_every=1)
+    pipe = SimulatedPipeline(stages, PipelineConfig(microbatches=2))
+    x, y = batch(b=4, t=16)
+    for _ in range(2):
+        pipe.train_step(x, y)
+    sender, receiver = stages[0].sender.book, stages[1].receiver.book
+    assert stages[0].sender.learner.take_message() is not None  # the message with the last update is lost
+    before = pipeline.codebook_desyncs()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = pipe.train_step(x, y)  # no error: decoded stale, snapshot requested with the gradient
+    assert math.isfinite(loss) and pipeline.codebook_desyncs() > before
+    assert before > 0 or any("out of sync" in str(w.message) for w in caught)
+    pipe.train_step(x, y)  # its first message carries the whole codebook
+    pipe.train_step(x, y)
+    assert pipeline.codebook_desyncs() == before + 2  # the two microbatches of the desynced step, then none
+    pipe.eval_loss(x, y)  # carries the update of the last optimizer step
+    assert torch.equal(receiver.codebook, sender.codebook) and receiver.checksum == sender.checksum

@@ -17,13 +17,11 @@ crosses the link: a tensor (``dense``) or a dict of tensors. In a dict,
 Compression ratio, as reported everywhere in actzip: *dense bytes per token / compressed bytes per token*,
 forward direction, where dense bytes = ``n_embd * itemsize(activation dtype)`` and compressed bytes = code
 bytes + side-channel bytes per token (per-message headers and codebook updates are amortized over the
-message's tokens by the meters that measure them). The code width for a requested ratio is
-``floor((n_embd * dense_itemsize / ratio - side_bytes) / code_itemsize)``, at least 1, so the nominal ratio is
-at least the one asked for unless the width hits 1. Example: ``n_embd = 768``, float32, ratio 100 leaves
-30.7 bytes; two bytes of ids (vocabulary 50,304) leave 7 float32 values (30 bytes, 102x); without ids it is
-7 (float32) or 15 (bfloat16 codes). A bfloat16/float16 ``code_dtype`` halves the bytes of a float32 code and
-of its gradient; an RVQ code costs ``levels * ceil(log2 codebook_size)`` bits per token forward (its
-gradient still has ``width`` values per token).
+message's tokens by the meters that measure them). Code width for a ratio: ``floor((n_embd * dense_itemsize /
+ratio - side_bytes) / code_itemsize)``, at least 1 (so the nominal ratio is at least the one asked for unless the
+width hits 1): ``n_embd = 768``, float32, ratio 100 leaves 30.7 bytes; two bytes of ids leave 7 float32 values
+(102x). A bfloat16 ``code_dtype`` halves code and gradient; an RVQ code costs ``levels * ceil(log2
+codebook_size)`` bits per token forward (its gradient still has ``width`` values per token).
 """
 
 from __future__ import annotations
@@ -351,7 +349,7 @@ class BoundaryReceiver(_End):
             )
         return code
 
-    def wire_decode(self, msg):
+    def wire_decode(self, msg, stale_ok: bool = False):
         """The stage input rebuilt from what arrived on the link (identity unless RVQ)."""
         return msg
 
@@ -543,19 +541,24 @@ class StiefelReceiver(BoundaryReceiver):
         if cfg.rvq is not None:
             self.book = RVQCodebook(cfg.rvq)
 
-    def wire_decode(self, msg):
-        """Apply a codebook update, check version and checksum, and rebuild ``code`` from the indices."""
+    def wire_decode(self, msg, stale_ok: bool = False):
+        """Apply a codebook update, check it, rebuild ``code`` (``stale_ok``: with this codebook as it is)."""
         if self.cfg.rvq is None:
             return msg
-        return self._rvq_decode(self._open(msg))
+        return self._rvq_decode(self._open(msg), stale_ok)
 
-    def _rvq_decode(self, msg: dict) -> dict:
+    def _rvq_decode(self, msg: dict, stale_ok: bool = False) -> dict:
         if "rvq_sync" in msg:
-            self.book.apply_delta(CodebookDelta.from_tensors(msg))
+            delta = CodebookDelta.from_tensors(msg)
+            if not stale_ok or delta.base_version in (-1, self.book.version):
+                self.book.apply_delta(delta)
             msg = {k: v for k, v in msg.items() if k not in _RVQ_KEYS}
         if "rvq_state" not in msg or "rvq_idx" not in msg:
             raise ConfigError("wire boundary (stiefel-rvq): the message lacks 'rvq_state' or 'rvq_idx'")
         version, checksum, B, T = msg["rvq_state"].tolist()
+        if stale_ok:  # decoded under this end's codebook: the forward's own check compares against it
+            version, checksum = self.book.version, self.book.checksum
+            msg["rvq_state"] = msg["rvq_state"].new_tensor([version, checksum, B, T])
         self.book.verify(version, checksum)
         if "code" not in msg:
             idx = self.book.unpack(msg["rvq_idx"], B * T)

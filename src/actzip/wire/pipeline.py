@@ -19,6 +19,11 @@ Every action is recorded as a :class:`~actzip.wire.link.Action` with its measure
 encode included, waiting excluded) and the bytes of the message it sent, so :func:`~actzip.wire.link.simulate`
 replays the schedule over any modelled link.
 
+A codebook desync (a stage-boundary RVQ codebook whose checksum differs from the sender's, e.g. after a lost
+update) does not stop training: the receiver decodes that message with its codebook as it is (an approximate
+activation for one microbatch; announced once, counted by :func:`codebook_desyncs`), and the gradient it sends
+back carries a request that makes the sender's next message carry its whole codebook.
+
 :func:`run_stage` runs one stage in a process of an initialized ``torch.distributed`` group (rank = stage),
 launched by torchrun; :class:`SimulatedPipeline` runs all stages in one process (one GPU), the boundaries going
 through the same codecs and the same wire format over in-process queues, so bytes and schedules are the same.
@@ -37,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from actzip.codecs.rvq import CodebookDesyncError
 from actzip.core.errors import ConfigError
 from actzip.wire.codecs import BoundaryCodec
 from actzip.wire.link import Action
@@ -53,6 +59,7 @@ __all__ = [
     "PipelineConfig",
     "SimulatedPipeline",
     "StageWorker",
+    "codebook_desyncs",
     "lm_loss",
     "pipelining_stage",
     "run_stage",
@@ -62,6 +69,29 @@ __all__ = [
 SCHEDULES = ("gpipe", "1f1b")
 _TENSOR = "_"  # item name of a stage output that is a single tensor
 _IDS = "_ids"  # item name of the sample ids, sent when the forward codec keeps a per-sample cache
+_RESYNC = "_resync"  # item of a gradient message: the receiver's codebook was out of sync, send a snapshot
+_desyncs = 0  # codebook desyncs met by receivers in this process (each decoded stale, then resynchronized)
+
+
+def codebook_desyncs() -> int:
+    """How many messages receivers in this process decoded with an out-of-sync codebook (then resynced)."""
+    return _desyncs
+
+
+def _decode_stale(wire_decode, msg, stage: int, err: Exception):
+    global _desyncs
+    try:
+        out = wire_decode(msg, stale_ok=True)
+    except TypeError:  # a user module's wire_decode without the option: nothing to fall back on
+        raise WireDesyncError(f"stage {stage}: {err}") from err
+    if _desyncs == 0:
+        import warnings
+
+        warnings.warn(f"actzip wire: stage {stage} found its codebook out of sync ({err}); it decodes with its "
+                      "own codebook until the sender's snapshot arrives (requested with the gradient). Announced "
+                      "once; see actzip.wire.pipeline.codebook_desyncs().", stacklevel=3)
+    _desyncs += 1
+    return out
 
 
 @dataclass
@@ -155,6 +185,7 @@ class StageWorker:
         self.actions: list[Action] = []
         self.losses: list[float] = []  # per step, last stage only
         self._saved: dict[int, tuple] = {}
+        self._resync: set[int] = set()  # microbatches decoded with an out-of-sync codebook: ask for a snapshot
         self._step = 0
         self._x = self._y = self._ids = None
         self._step_loss: list[torch.Tensor] = []
@@ -210,7 +241,11 @@ class StageWorker:
         msg = dec[_TENSOR] if set(dec) == {_TENSOR} else dec
         wire_decode = getattr(self.module, "wire_decode", None)
         if callable(wire_decode):
-            msg = wire_decode(msg)  # the stage rebuilds what its sender left off the link (e.g. RVQ codes)
+            try:
+                msg = wire_decode(msg)  # the stage rebuilds what its sender left off the link (e.g. RVQ codes)
+            except CodebookDesyncError as e:
+                msg = _decode_stale(wire_decode, msg, self.stage, e)
+                self._resync.add(mb)
         if isinstance(msg, torch.Tensor):
             msg = {_TENSOR: msg}
         leaves = {k: (v.detach().requires_grad_(True) if train and v.is_floating_point() else v)
@@ -272,7 +307,10 @@ class StageWorker:
             msg = self.transport.recv(self.stage + 1, channel="bwd", state=self.bwd_recv.state_digest(),
                                       device=self.device)
             t0 = time.perf_counter()
-            grads = self.bwd_recv.decode(msg.items)
+            items = dict(msg.items)
+            if items.pop(_RESYNC, None) is not None and callable(getattr(self.module, "request_resync", None)):
+                self.module.request_resync()  # the next forward message carries the whole codebook
+            grads = self.bwd_recv.decode(items)
             unknown = sorted(set(grads) - set(saved))
             if unknown:
                 raise WireDesyncError(f"stage {self.stage}: gradients arrived for {unknown}, which stage "
@@ -285,6 +323,9 @@ class StageWorker:
         if not self.first:
             g = {k: v.grad for k, v in leaves.items() if isinstance(v, torch.Tensor) and v.grad is not None}
             enc = self.bwd_send.encode(g)
+            if mb in self._resync:
+                self._resync.discard(mb)
+                enc[_RESYNC] = torch.ones(1, dtype=torch.uint8, device=self.device)
             nbytes = self.transport.send(self.stage - 1, enc, channel="bwd", state=self.bwd_send.state_digest(),
                                          clock=time.monotonic())
             send_key = (self.stage - 1, "bwd", self._step, mb)

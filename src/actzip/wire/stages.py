@@ -16,7 +16,9 @@ A runner moving messages between processes does, per boundary::
     ...optimizer.step(); stage.after_optimizer_step()   # Stiefel step, codebook update
 
 A receiver that finds its codebook out of sync raises :class:`actzip.codecs.rvq.CodebookDesyncError`; the
-runner then calls ``stage_i.request_resync()`` and the next message carries the whole codebook.
+runner then calls ``stage_i.request_resync()`` and the next message carries the whole codebook. (actzip's
+runner recovers by itself: it decodes that message with the receiver's codebook as it is and asks the sender
+for a snapshot with the microbatch's gradient.)
 :func:`run_chain` does all of this in one process (tests, single-process studies) and meters the bytes.
 
 Weights: the stages hold the modules of one ``GPT(cfg)`` built under ``seed``, so for ``dense`` the chained
@@ -188,9 +190,10 @@ class Stage(nn.Module):
         """What goes on the link for this stage's output (see the module docstring)."""
         return out if self.sender is None else self.sender.wire_encode(out)
 
-    def wire_decode(self, msg):
-        """This stage's input rebuilt from what arrived on the link."""
-        return msg if self.receiver is None else self.receiver.wire_decode(msg)
+    def wire_decode(self, msg, stale_ok: bool = False):
+        """This stage's input rebuilt from what arrived on the link (``stale_ok``: see the runner's recovery
+        from a codebook desync in :mod:`actzip.wire.pipeline`)."""
+        return msg if self.receiver is None else self.receiver.wire_decode(msg, stale_ok)
 
     def after_optimizer_step(self) -> None:
         """Call after every optimizer step: Stiefel steps and codebook updates of this stage's boundary ends."""
