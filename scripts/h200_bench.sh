@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU figure in results/: run on the device machine from the repository root, with PYTHONPATH=src.
 # Usage: scripts/h200_bench.sh OUT_DIR [stage...]
-#   stages: tests kernels ffn gpt bits demo quant cache lora wire (default: all; more than 10 minutes in all)
+#   stages: tests kernels ffn gpt bits demo quant cache lora wire (default: all; more than 10 minutes in all),
+#   and wire-nccl (2 GPUs)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -32,5 +33,11 @@ PY
     lora) az bench lora --config h200 --json "$out/lora.json" ;;
     wire) az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 4 --batch-size 32 --microbatches 8 \
             --steps 600 --json "$out/wire.json" ;;
+    wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
+      NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+        az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
+        --microbatches 8 --steps 300 --target-steps 2 \
+        --compressors dense,quant:8,subspace:100,stiefel:16,stiefel-rvq:100,bottleneck:100,delta:8 \
+        --json "$out/wire-nccl.json" ;;
   esac
 done
