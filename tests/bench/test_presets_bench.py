@@ -25,6 +25,7 @@ def test_presets_bench_on_a_llama_model(tmp_path, monkeypatch):
                "lossless,4bit", "--device", "cpu", "--json", str(out)])
     assert rc == 0
     runs = {r["preset"]: r for r in json.loads(out.read_text())["runs"]}
-    # float32 activations at 4 bits + 64 bits per group of 128: 7.1x smaller at most; leaves (embeddings) aside
-    assert runs["4bit"]["saved_bytes_per_token"] < runs["lossless"]["saved_bytes_per_token"] / 6
+    # float32 activations at 4 bits + 64 bits per group of 128 (7.1x smaller), but the loss head's
+    # log-probabilities (256 float32 per token at this size) are kept
+    assert runs["4bit"]["saved_bytes_per_token"] < runs["lossless"]["saved_bytes_per_token"] / 4.5
     assert abs(runs["4bit"]["val_loss_gap"]) < 0.05

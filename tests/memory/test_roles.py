@@ -55,7 +55,8 @@ def record(fn):
 
 
 def test_roles_are_known():
-    assert set(ROLES) == {"linear_input", "nonlinear_input", "relu_output", "attention", "norm", "parameter", "other"}
+    assert set(ROLES) == {"linear_input", "nonlinear_input", "relu_output", "attention", "norm", "loss", "parameter",
+                          "other"}
 
 
 def test_mlp_linear_gelu_linear():

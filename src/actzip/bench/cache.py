@@ -22,7 +22,8 @@ the strategies only change what is saved for backward):
   tensors; the same rules as the ``lossless`` preset, which is accepted as a name too);
 - ``conservative``, ``balanced``, ``aggressive``: the presets of :mod:`actzip.memory.presets` (linear inputs at
   8 / 4 / 2 bits), under a :class:`~actzip.memory.RoleTracker`;
-- ``4bit``: the ``4bit`` preset, every float activation at 4 bits (linear inputs stochastic, the rest nearest; it opts out of the presets' 8-bit safety rule for nonlinear inputs, as ActNN and GACT do);
+- ``4bit``: the ``4bit`` preset, every activation at 4 bits but the loss head's (linear inputs and ``other``
+  stochastic, the rest nearest; it opts out of the presets' 8-bit safety rule for nonlinear inputs, as ActNN and GACT do);
 - ``2bit``: every role the presets' safety rule lets go lossy: linear inputs at 2 bits (stochastic); nonlinear
   inputs, attention and norm inputs at 8 bits (nearest); relu outputs lossless sparse; parameters and ``other``
   (tensors saved outside a known function, e.g. the loss's log-softmax) kept;
@@ -79,7 +80,7 @@ DESCRIPTIONS = {
     "sparse": "ActivationCache, default rules: lossless sparse for mostly-zero tensors",
     "lossless": "preset lossless (the default rules)",
     **{p: f"preset {p}: {PRESETS[p].description}" for p in _LOSSY_PRESETS},
-    "4bit": "preset 4bit: every float activation 4-bit; linear inputs sr, the rest rn",
+    "4bit": "preset 4bit: every activation 4-bit but the loss head's (linear inputs and other sr, the rest rn)",
     "2bit": "every lossy-eligible role: linear inputs 2-bit sr; nonlinear, attention, norm 8-bit rn; "
             "relu outputs lossless sparse; other kept",
     "sketch-d8": "every nn.Linear but the output head saves x S, S random of rank in_features/8",

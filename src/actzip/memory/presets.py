@@ -21,7 +21,7 @@ linear_input              default     quant8 (sr)     quant4 (sr)     quant2 (sr
 nonlinear_input           default     kept            quant8 (rn)     quant8 (rn)
 relu_output               default     sparse          sparse          sparse
 attention, norm           default     kept            kept            kept
-parameter, other          default     kept            kept            kept
+loss, parameter, other    default     kept            kept            kept
 lossy                     no          yes             yes             yes
 ========================  ==========  ==============  ==============  ==============
 
@@ -33,11 +33,14 @@ the lossless sparse codec when at least ``min_zero_fraction`` of the tensor is z
 
 Safety rule, kept by every preset above: a ``nonlinear_input`` is stored losslessly or with at least 8 bits.
 
-``4bit`` (not in the table) stores every float activation in 4 bits, as ActNN and GACT do: linear inputs with
-stochastic rounding (unbiased), every other role (nonlinear inputs, relu outputs, attention, norm, other) to
-nearest. It is the one preset that opts out of the safety rule (its floor for nonlinear inputs is 4 bits): the
-backward of a nonlinear function then sees an input off by up to half a quantization step of its group. With
-groups of 128 and float32 group parameters, 4.5 bits per element: 3.56x smaller than bf16.
+``4bit`` (not in the table) stores every activation in 4 bits, as ActNN and GACT do, except the loss head's:
+linear inputs and ``other`` (e.g. what a checkpointed region keeps) with stochastic rounding (unbiased);
+nonlinear inputs, relu outputs, attention and norm tensors to nearest; ``loss`` kept (at 4 bits the error of the
+log-probabilities scales the output probabilities: a tiny GPT's final loss gap went from +2.7% to +0.6% by keeping
+them; they are a float32 tensor of tokens x vocabulary unless the loss is chunked). It is the one preset that opts out of the
+safety rule (its floor for nonlinear inputs is 4 bits): the backward of a nonlinear function then sees an input
+off by up to half a quantization step of its group. With groups of 128 and float32 group parameters, 4.5 bits per
+element: 3.56x smaller than bf16.
 Quantized tensors use ``check=False``: a non-finite value makes its group decode to NaN (so a gradient scaler
 still sees the overflow) instead of raising inside the forward pass.
 
@@ -71,6 +74,7 @@ from actzip.memory.offload import Offloader
 from actzip.memory.roles import (
     ATTENTION,
     LINEAR_INPUT,
+    LOSS,
     NONLINEAR_INPUT,
     NORM,
     OTHER,
@@ -101,7 +105,7 @@ class Preset:
 
 
 def _uniform(**roles: str) -> dict[str, str]:
-    base = {r: KEPT for r in (LINEAR_INPUT, NONLINEAR_INPUT, RELU_OUTPUT, ATTENTION, NORM, PARAMETER, OTHER)}
+    base = {r: KEPT for r in (LINEAR_INPUT, NONLINEAR_INPUT, RELU_OUTPUT, ATTENTION, NORM, LOSS, PARAMETER, OTHER)}
     base.update(roles)
     return base
 
@@ -132,12 +136,13 @@ PRESETS: dict[str, Preset] = {
     ),
     "4bit": Preset(
         "4bit",
-        "lossy, every float activation 4-bit as ActNN and GACT do: linear inputs stochastic (unbiased); "
-        "nonlinear inputs, relu outputs, attention and norm tensors nearest. Opts out of the safety rule: the "
-        "backward of nonlinear functions sees inputs off by up to half a quantization step",
+        "lossy, every activation in 4 bits as ActNN and GACT do, but the loss head's: linear inputs and the "
+        "rest stochastic (unbiased); nonlinear inputs, relu outputs, attention and norm tensors nearest. Opts "
+        "out of the safety rule: the backward of nonlinear functions sees inputs off by up to half a "
+        "quantization step",
         True,
         _uniform(linear_input="quant4-sr", nonlinear_input="quant4-rn", relu_output="quant4-rn",
-                 attention="quant4-rn", norm="quant4-rn", other="quant4-rn"),
+                 attention="quant4-rn", norm="quant4-rn", other="quant4-sr"),
         min_nonlinear_bits=4,
     ),
 }

@@ -23,6 +23,8 @@ Roles (:data:`ROLES`):
                     ``F.multi_head_attention_forward`` (its projections included: it is one call)
 ``norm``            anything saved inside ``layer_norm``, ``rms_norm``, ``group_norm``, ``batch_norm``,
                     ``instance_norm``, ``F.normalize``
+``loss``            anything saved inside ``F.cross_entropy``, ``nll_loss``, ``kl_div``,
+                    ``binary_cross_entropy_with_logits`` (the log-probabilities of the loss head)
 ``parameter``       an ``nn.Parameter`` passed to the function or a view of one; inside a linear-family
                     function also a tensor of a parameter's shape (or, 2-D, its transpose) that matches no
                     argument, like the copy autocast makes of a weight
@@ -67,9 +69,10 @@ NONLINEAR_INPUT = "nonlinear_input"
 RELU_OUTPUT = "relu_output"
 ATTENTION = "attention"
 NORM = "norm"
+LOSS = "loss"
 PARAMETER = "parameter"
 OTHER = "other"
-ROLES = (LINEAR_INPUT, NONLINEAR_INPUT, RELU_OUTPUT, ATTENTION, NORM, PARAMETER, OTHER)
+ROLES = (LINEAR_INPUT, NONLINEAR_INPUT, RELU_OUTPUT, ATTENTION, NORM, LOSS, PARAMETER, OTHER)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,9 @@ ROLE_TABLE: dict[FunctionRole, tuple[str, ...]] = {
     FunctionRole(NORM, NORM): (
         "layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "normalize",
     ),
+    # The loss head: its backward turns the saved log-probabilities back into probabilities, so their error is
+    # multiplied into the output gradient.
+    FunctionRole(LOSS, LOSS): ("cross_entropy", "nll_loss", "kl_div", "binary_cross_entropy_with_logits"),
 }
 
 _NAMESPACES = (torch, F, torch._C._nn, torch.Tensor, torch.special)
