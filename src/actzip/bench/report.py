@@ -168,10 +168,13 @@ def _presets_section(path: Path, root: Path) -> str:
     c = rec["config"]
     png = path.with_suffix(".png")
     lines = [
-        f"\n## Activation-cache presets: loss at equal steps ({c['model']} {c['activation']} GPT)\n",
+        f"\n## Activation-cache presets: loss at equal steps ({c['model']}-size {c['activation']} "
+        f"{'HF Llama' if c['activation'] == 'swiglu' else 'GPT'})\n",
         f"Same initial weights and batches for every preset, {c['steps']} steps of {rec['tokens_per_step']} tokens, "
-        "AdamW; `lossless` is bit-identical to no compression. Saved bytes per token are what the cache kept "
-        "(parameters and inputs excluded); the gap is relative to `lossless`.\n",
+        "AdamW, float32; `lossless` is bit-identical to no compression. Saved bytes per token are what the cache "
+        "kept (parameters and inputs excluded); gaps are relative to `lossless`: final train loss = mean of the "
+        "last 50 steps; val loss = 8 held-out batches (at this size the models overfit the corpus, val loss "
+        "being 1.6-2x the train loss, so the val gap is noisy).\n",
         _provenance(rec, path, root) + "\n",
         "| preset | saved B/token | vs lossless | final train loss | train gap | val loss | val gap | step ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
