@@ -47,19 +47,9 @@ from actzip.codecs.sketch import derive_seed
 from actzip.core.errors import ConfigError
 from actzip.wire.stiefel import RETRACTIONS, StiefelStepper, random_stiefel
 
-__all__ = [
-    "BottleneckConfig",
-    "BoundaryConfig",
-    "BoundaryReceiver",
-    "BoundarySender",
-    "DenseConfig",
-    "StiefelConfig",
-    "SubspaceConfig",
-    "SubspaceEmbedding",
-    "SubspaceLinear",
-    "code_width",
-    "id_bytes",
-    "make_boundary",
+__all__ = [  # fmt: skip
+    "BottleneckConfig", "BoundaryConfig", "BoundaryReceiver", "BoundarySender", "DenseConfig", "StiefelConfig",
+    "SubspaceConfig", "SubspaceEmbedding", "SubspaceLinear", "code_width", "id_bytes", "make_boundary",
     "subspace_tensors",
 ]
 
