@@ -332,6 +332,28 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_memory(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from actzip.bench.memory_suite import PARTS, run_suite
+    from actzip.core.errors import ConfigError
+
+    parts = tuple(p.strip() for p in (args.parts or ",".join(PARTS)).split(",") if p.strip())
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        raise ConfigError(f"bench memory: unknown parts {bad}; choose from {', '.join(PARTS)}")
+    rows = tuple(int(r) for r in args.ffn_rows.split(",")) if args.ffn_rows else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    status = run_suite(out, parts, args.device, rows, lambda argv: main(argv))
+    for part, why in status.items():
+        console.print(f"[bold]{part}[/]: {why}")
+    return 0 if all(v == "ok" for v in status.values()) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="actzip", description="Compress PyTorch activations where they are held or sent.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -352,6 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_demo)
     b = sub.add_parser("bench", help="benchmarks (results as JSON for results/)")
     bsub = b.add_subparsers(dest="bench", required=True)
+    mb = bsub.add_parser("memory", help="the sparse cache's benchmarks in one go (kernels, FFN sweep, GPT, bits), "
+                         "one JSON each in --out")
+    mb.add_argument("--out", required=True, help="directory for kernels.json, ffn.json, gpt.json, bits.json")
+    mb.add_argument("--parts", help="comma-separated subset of kernels,ffn,gpt,bits (default all)")
+    mb.add_argument("--ffn-rows", dest="ffn_rows", help="FFN sweep rows (default 4096,8192,16384,32768)")
+    mb.add_argument("--device")
+    mb.set_defaults(func=_bench_memory)
     f = bsub.add_parser("ffn", help="residual ReLU² FFN stack: peak memory and step time per strategy")
     f.add_argument("--d", type=int, help="width (default 4096)")
     f.add_argument("--rows", type=int, help="tokens per step (default 16384)")
