@@ -80,10 +80,11 @@ def codebook_desyncs() -> int:
 
 def _decode_stale(wire_decode, msg, stage: int, err: Exception):
     global _desyncs
-    try:
-        out = wire_decode(msg, stale_ok=True)
-    except TypeError:  # a user module's wire_decode without the option: nothing to fall back on
+    import inspect
+
+    if "stale_ok" not in inspect.signature(wire_decode).parameters:  # a user module: nothing to fall back on
         raise WireDesyncError(f"stage {stage}: {err}") from err
+    out = wire_decode(msg, stale_ok=True)
     if _desyncs == 0:
         import warnings
 
