@@ -237,7 +237,11 @@ def train_entry(cfg: WireBenchConfig, entry: str, device: torch.device, corpus: 
     gcfg = cfg.gpt_config()
     fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
     if cfg.mode == "processes":
-        return train_entry_processes(cfg, entry, device, target=target)
+        out = train_entry_processes(cfg, entry, device, target=target)
+        if progress is not None:  # the stage processes report nothing while they run: the entry at once
+            for step in range(cfg.steps):
+                progress(entry, step)
+        return out
     if name == "delta" and cfg.dataset_windows is None:
         raise ConfigError("delta caches activations per sample and needs repeated samples: set dataset_windows")
     stages = [s.to(device) for s in build_stages_for(gcfg, cfg.stages, name, ratio, cfg.seed)]
