@@ -209,3 +209,12 @@ def test_composes_with_other_modes_and_exceptions():
     assert rec.roles() == ["nonlinear_input"]
     assert F.gelu in calls
     assert not tracking()
+
+
+def test_what_a_loss_function_saves_is_loss():
+    logits = nonleaf(8, 32)
+    y = torch.randint(0, 32, (8,))
+    # everything cross_entropy saves (its log-probabilities, the targets) is the loss head's
+    assert set(record(lambda: F.cross_entropy(logits, y)).roles()) == {"loss"}
+    # split in two calls: log_softmax's output is attention's (a softmax), what nll_loss saves is the loss's
+    assert record(lambda: F.nll_loss(F.log_softmax(logits, -1), y)).roles() == ["attention", "loss", "loss", "loss"]
