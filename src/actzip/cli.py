@@ -121,19 +121,25 @@ def _bench_bits(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_kernels(args: argparse.Namespace) -> int:
+def _run_kernel_bench(args: argparse.Namespace, name: str, config_cls, run):
+    """The shared part of the GPU kernel benchmarks: CUDA check, config from --numel, run, command recorded."""
     import torch
     from rich.console import Console
+
+    if not torch.cuda.is_available():
+        raise ActzipError(f"actzip bench {name} times GPU kernels: it needs a CUDA device")
+    cfg = config_cls(**({"numel": args.numel} if args.numel else {}))
+    record = run(cfg, torch.device("cuda"))
+    record["command"] = _command(args)
+    return cfg, record, Console()
+
+
+def _bench_kernels(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from actzip.bench.kernels import KernelBenchConfig, run_kernels
 
-    if not torch.cuda.is_available():
-        raise ActzipError("actzip bench kernels times GPU kernels: it needs a CUDA device")
-    cfg = KernelBenchConfig(**({"numel": args.numel} if args.numel else {}))
-    console = Console()
-    record = run_kernels(cfg, torch.device("cuda"))
-    record["command"] = _command(args)
+    cfg, record, console = _run_kernel_bench(args, "kernels", KernelBenchConfig, run_kernels)
     t = Table(title=f"sparse kernels, {cfg.numel:,} elements; copy bandwidth {record['copy_bandwidth'] / 1e12:.2f} TB/s")
     for col in ("dtype", "density", "sign", "exact", "2-pass enc ms", "% copy", "1-pass enc ms", "% copy",
                 "decode ms", "% copy", "relu² enc % copy"):
@@ -150,18 +156,11 @@ def _bench_kernels(args: argparse.Namespace) -> int:
 
 
 def _bench_quant(args: argparse.Namespace) -> int:
-    import torch
-    from rich.console import Console
     from rich.table import Table
 
     from actzip.bench.quant_kernels import QuantKernelBenchConfig, run_quant_kernels
 
-    if not torch.cuda.is_available():
-        raise ActzipError("actzip bench quant times GPU kernels: it needs a CUDA device")
-    cfg = QuantKernelBenchConfig(**({"numel": args.numel} if args.numel else {}))
-    console = Console()
-    record = run_quant_kernels(cfg, torch.device("cuda"))
-    record["command"] = _command(args)
+    cfg, record, console = _run_kernel_bench(args, "quant", QuantKernelBenchConfig, run_quant_kernels)
     bw = record["copy_bandwidth"] / 1e12
     t = Table(title=f"quant/fp8 kernels, {cfg.numel:,} elements; copy bandwidth {bw:.2f} TB/s")
     for col in ("dtype", "variant", "ratio", "exact", "encode ms", "enc % copy", "decode ms", "dec % copy", "vs torch"):

@@ -548,7 +548,7 @@ class StiefelReceiver(BoundaryReceiver):
         version, checksum, B, T = msg["rvq_state"].tolist()
         if stale_ok:  # decoded under this end's codebook: the forward's own check compares against it
             version, checksum = self.book.version, self.book.checksum
-            msg["rvq_state"] = msg["rvq_state"].new_tensor([version, checksum, B, T])
+            msg = dict(msg, rvq_state=msg["rvq_state"].new_tensor([version, checksum, B, T]))  # caller's untouched
         self.book.verify(version, checksum)
         if "code" not in msg:
             idx = self.book.unpack(msg["rvq_idx"], B * T)
