@@ -2,6 +2,7 @@
 
 from actzip.memory.account import RuleStats, StepAccount
 from actzip.memory.apply import CompressReport, SparseMLPConfig, compress_, register_handler
+from actzip.memory.fp8_linear import Fp8Linear, fp8_linears_
 from actzip.memory.linear import SketchedLinear, sketch_linears_
 from actzip.memory.presets import PRESETS, compressed, preset_rules
 from actzip.memory.relu_mlp import SparseGatedReLUMLP, SparseReLU, SparseReLUMLP
@@ -13,6 +14,7 @@ __all__ = [
     "ActivationCache",
     "CacheConfig",
     "CompressReport",
+    "Fp8Linear",
     "PRESETS",
     "RoleTracker",
     "Rule",
@@ -29,6 +31,7 @@ __all__ = [
     "current_cache",
     "current_role",
     "default_rules",
+    "fp8_linears_",
     "preset_rules",
     "record_external",
     "register_handler",
