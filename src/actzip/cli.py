@@ -59,7 +59,7 @@ def _bench_ffn(args: argparse.Namespace) -> int:
     device = _device(args)
     console = Console()
     console.print(f"[bold]FFN stack[/]: {cfg.n_blocks} blocks, d={cfg.d}, hidden={cfg.hidden}, rows={cfg.rows}, "
-                  f"{cfg.dtype}, density {cfg.density}, on {device}")
+                  f"{cfg.dtype}, {cfg.matmul} matmuls, density {cfg.density}, on {device}")
     record = run_ffn(cfg, device)
     record["command"] = _command(args)
     t = Table(title=f"measured density {record['density']:.3f}")
@@ -387,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--density", choices=["mid", "low"], help="mid: ~50%% non-zero, low: ~20%%")
     f.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
     f.add_argument("--kernel", choices=["auto", "torch", "triton"])
+    f.add_argument("--matmul", choices=["bf16", "fp8"], help="fp8: up/down as Fp8Linear (float8 matmuls)")
     f.add_argument("--rounds", type=int)
     f.add_argument("--warmup", type=int)
     f.add_argument("--strategies", help="comma-separated subset of none,checkpoint,cache,fused,fused-arena,fused-arena-signpack")

@@ -26,6 +26,19 @@ def test_run_ffn_every_strategy_exact():
     assert rec["machine"]["torch"] == torch.__version__
 
 
+def test_run_ffn_fp8_matmuls_exact_and_fused_keeps_no_fp8_copy():
+    from actzip.memory import Fp8Linear
+
+    cfg = FFNBenchConfig(d=64, rows=128, n_blocks=2, rounds=1, warmup=0, matmul="fp8",
+                         strategies=("none", "checkpoint", "cache", "fused"))
+    blocks = build_stack(cfg, torch.device("cpu"))
+    assert all(isinstance(b.up, Fp8Linear) and isinstance(b.down, Fp8Linear) for b in blocks)
+    rec = run_ffn(cfg, torch.device("cpu"))
+    assert rec["config"]["matmul"] == "fp8"
+    for r in rec["runs"]:  # the fused MLP and the cache change no bit of the fp8 model's gradients
+        assert r["max_grad_abs_diff"] == 0.0
+
+
 def test_cli_bench_ffn_json(tmp_path):
     out = tmp_path / "ffn.json"
     rc = main(["bench", "ffn", "--d", "32", "--rows", "64", "--n-blocks", "1", "--dtype", "float32", "--rounds", "1",
@@ -38,5 +51,7 @@ def test_cli_bench_ffn_json(tmp_path):
 def test_bad_options():
     with pytest.raises(ConfigError, match="density"):
         FFNBenchConfig(density="high")
+    with pytest.raises(ConfigError, match="matmul"):
+        FFNBenchConfig(matmul="int8")
     with pytest.raises(ConfigError, match="unknown strategies"):
         FFNBenchConfig(strategies=("none", "magic"))

@@ -13,10 +13,16 @@ Strategies (all on the same weights and input, interleaved):
 - ``fused-arena``: the same with the payloads in an :class:`actzip.memory.arena.Arena` (no synchronization;
   sized from an untimed first step);
 - ``fused-arena-signpack``: the same with sign-bit packing (15-bit bf16).
+
+``matmul="fp8"`` runs every up and down projection as an :class:`actzip.memory.Fp8Linear` (tensorwise float8
+matmuls, as torchao's Float8Linear). ``none`` then keeps what an fp8 linear keeps (the float8 copy of its
+input); the fused strategies rebuild the down projection's input from the payload and cast it again in backward
+(``Fp8Config(recast_input=True)``, the same bits), so nothing of it is stored.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from dataclasses import asdict, dataclass
@@ -28,13 +34,14 @@ from torch.utils.checkpoint import checkpoint
 
 from actzip.core import registry
 from actzip.core.errors import ConfigError
-from actzip.memory import ActivationCache, SparseReLUMLP
+from actzip.memory import ActivationCache, Fp8Linear, SparseReLUMLP
 
 INPUT_MEAN = 0.5  # the benchmark input is randn + INPUT_MEAN
 # "low" density: up's weights shifted by -LOW_DENSITY_SHIFT / sqrt(d) * std. The pre-activations then move
 # by a fixed number of their own standard deviations whatever d is: about 20% stay positive.
 LOW_DENSITY_SHIFT = 1.9
 STRATEGIES = ("none", "checkpoint", "cache", "fused", "fused-arena", "fused-arena-signpack")
+MATMULS = ("bf16", "fp8")
 
 
 @dataclass
@@ -51,8 +58,11 @@ class FFNBenchConfig:
     rounds: int = 10  # measured rounds per strategy
     warmup: int = 2  # rounds dropped first
     strategies: tuple[str, ...] = STRATEGIES
+    matmul: str = "bf16"  # "bf16" (nn.Linear in the model's dtype) or "fp8" (Fp8Linear: float8 matmuls)
 
     def __post_init__(self) -> None:
+        if self.matmul not in MATMULS:
+            raise ConfigError(f"ffn bench: matmul must be one of {list(MATMULS)}, got {self.matmul!r}")
         if self.density not in ("mid", "low"):
             raise ConfigError(f"ffn bench: density must be 'mid' or 'low', got {self.density!r}")
         bad = [s for s in self.strategies if s not in STRATEGIES]
@@ -90,6 +100,8 @@ def build_stack(cfg: FFNBenchConfig, device: torch.device) -> nn.ModuleList:
                 # With the input's positive mean, a negative shift of every weight pushes most
                 # pre-activations below zero.
                 b.up.weight -= LOW_DENSITY_SHIFT / math.sqrt(cfg.d) * b.up.weight.std()
+        if cfg.matmul == "fp8":
+            b.up, b.down = Fp8Linear.from_linear(b.up), Fp8Linear.from_linear(b.down)
     return blocks.to(device=device, dtype=getattr(torch, cfg.dtype))
 
 
@@ -112,6 +124,8 @@ def measured_density(blocks: nn.ModuleList, x: torch.Tensor) -> float:
 def _set_fused(blocks: nn.ModuleList, codec, arena=None) -> None:
     for b in blocks:
         b.fused = None if codec is None else SparseReLUMLP(b.up, b.down, square=True, codec=codec, arena=arena)
+        if isinstance(b.down, Fp8Linear):  # fused: the down input is rebuilt from the payload, so keep no fp8 copy
+            b.down.config = dataclasses.replace(b.down.config, recast_input=codec is not None)
 
 
 def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> dict:
