@@ -218,3 +218,21 @@ def test_what_a_loss_function_saves_is_loss():
     assert set(record(lambda: F.cross_entropy(logits, y)).roles()) == {"loss"}
     # split in two calls: log_softmax's output is attention's (a softmax), what nll_loss saves is the loss's
     assert record(lambda: F.nll_loss(F.log_softmax(logits, -1), y)).roles() == ["attention", "loss", "loss", "loss"]
+
+
+def test_role_worked_out_once_per_save(monkeypatch):
+    from actzip.memory import RoleTracker, preset_rules
+    from actzip.memory import roles
+
+    calls = []
+    real = roles._role_in
+    monkeypatch.setattr(roles, "_role_in", lambda t, frame: calls.append(id(t)) or real(t, frame))
+    x = torch.randn(8, 16, requires_grad=True)
+    w = nn.Parameter(torch.randn(16, 16))
+    cache = ActivationCache(rules=preset_rules("4bit", min_bytes=0))  # one rule per role: each asks the role
+    with RoleTracker(), cache:
+        F.gelu(F.linear(x, w)).sum()
+    assert 1 <= len(calls) <= 3 and len(calls) == len(set(calls))  # each saved tensor's role worked out once
+    # outside a save nothing is remembered: a second question is answered afresh
+    with RoleTracker():
+        assert roles.current_role(x) == roles.OTHER

@@ -165,6 +165,11 @@ class _State(threading.local):
     def __init__(self) -> None:
         self.frames: list[_Frame] = []  # tracked calls running now, innermost last
         self.active = 0  # trackers entered and not left
+        # The role last computed in the open query: (id of the tensor, role). The rules of one save ask the same
+        # question once per rule; within a query (see role_query) the tensor being saved is alive, so its id
+        # names it.
+        self.memo: tuple[int, str] | None = None
+        self.queries = 0  # queries open (nested saves are possible)
 
 
 _STATE = _State()
@@ -254,12 +259,39 @@ def current_argument(t: torch.Tensor) -> str | None:
     return hit[0] if hit else None
 
 
+class role_query:
+    """Context of one decision about a saved tensor: inside it :func:`current_role` works a tensor's role out
+    once and remembers it (save hooks open one around their rules, which may each ask). Outside every query
+    nothing is remembered."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        _STATE.queries += 1
+        _STATE.memo = None
+
+    def __exit__(self, *exc) -> None:
+        _STATE.queries -= 1
+        _STATE.memo = None
+
+
 def current_role(t: torch.Tensor) -> str:
     """The role (one of :data:`ROLES`) of ``t``, a tensor being saved now; ``"other"`` outside a tracked call."""
-    frames = _STATE.frames
+    state = _STATE
+    frames = state.frames
     if not frames:
         return OTHER
-    frame = frames[-1]
+    if not state.queries:
+        return _role_in(t, frames[-1])
+    memo = state.memo
+    if memo is not None and memo[0] == id(t):
+        return memo[1]
+    role = _role_in(t, frames[-1])
+    state.memo = (id(t), role)
+    return role
+
+
+def _role_in(t: torch.Tensor, frame: _Frame) -> str:
     hit = _match(t, frame)
     if hit is not None:
         return PARAMETER if _is_parameter(hit[1]) else frame.role.argument

@@ -27,6 +27,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from actzip.core.payload import Payload
 from actzip.memory.account import StepAccount
+from actzip.memory.roles import role_query
 from actzip.memory.rules import CacheConfig, Rule, count_only_rules, default_rules
 
 
@@ -132,6 +133,10 @@ class ActivationCache:
         return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
 
     def _pack(self, t: torch.Tensor) -> _Saved:
+        with role_query():  # the rules ask for t's role, each of them: work it out once
+            return self._pack_in_query(t)
+
+    def _pack_in_query(self, t: torch.Tensor) -> _Saved:
         key = self._key(t) if self.config.dedup else None
         if key is not None:
             hit = self._seen.get(key)
