@@ -256,3 +256,25 @@ def test_chunked_loss_matches_the_plain_head():
 def test_loss_chunk_must_be_a_non_negative_int():
     with pytest.raises(ConfigError, match="loss_chunk"):
         GPTConfig(loss_chunk=-1)
+
+
+@pytest.mark.parametrize("activation", ["relu2", "gelu"])
+def test_rebuild_saved_gives_identical_grads_and_keeps_less(activation):
+    from actzip.memory import ActivationCache
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", activation=activation))
+    idx = torch.randint(0, 256, (2, 33))
+    x, y = idx[:, :-1], idx[:, 1:]
+    runs = {}
+    for flag in (False, True):
+        model.config.rebuild_saved = flag
+        model.zero_grad(set_to_none=True)
+        with ActivationCache.count_only() as cache:
+            _, loss = model(x, y)
+        loss.backward()
+        runs[flag] = ([p.grad.clone() for p in model.parameters()], cache.last)
+    assert all(torch.equal(a, b) for a, b in zip(runs[False][0], runs[True][0]))
+    rebuilt = runs[True][1].by_rule["rebuilt"]
+    assert rebuilt.tensors == 3 * model.config.n_layer and rebuilt.stored_bytes == 0
+    assert runs[True][1].bytes_after < runs[False][1].bytes_after

@@ -9,7 +9,10 @@ interleaved step by step:
 - ``fused``: every MLP as :class:`actzip.memory.SparseReLUMLP` (only the sparse payload of relu(h) kept),
   payloads allocated exactly (one host synchronization per block);
 - ``fused-arena``: payloads in an arena (no synchronization; sized from an untimed first step);
-- ``fused-arena-signpack``: the same with sign-bit packing.
+- ``fused-arena-signpack``: the same with sign-bit packing;
+- ``rebuild``: the model's ``rebuild_saved`` option: no copy of the layer-norm outputs nor of the attention
+  projection's input is kept; backward makes them again from tensors it keeps anyway (bit-identical);
+- ``fused-arena-rebuild``: ``fused-arena`` and ``rebuild`` together.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from actzip.core.errors import ConfigError
 from actzip.memory import SparseReLUMLP
 from actzip.models import GPT, GPTConfig
 
-STRATEGIES = ("none", "checkpoint", "fused", "fused-arena", "fused-arena-signpack")
+STRATEGIES = ("none", "checkpoint", "fused", "fused-arena", "fused-arena-signpack", "rebuild", "fused-arena-rebuild")
 
 
 @dataclass
@@ -85,6 +88,7 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
             for b, mlp in zip(model.h, fused.get(strategy, plain)):
                 b.mlp = mlp
             model.config.checkpoint_blocks = strategy == "checkpoint"
+            model.config.rebuild_saved = strategy.endswith("rebuild")
             opt.zero_grad(set_to_none=True)
             _, loss = model(x, y)
             loss.backward()

@@ -18,6 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from actzip.memory.rebuild import rebuild_saved, recompute
+
 from actzip.core.errors import ConfigError
 
 __all__ = ["GPTConfig", "CausalSelfAttention", "MLP", "Block", "GPT", "ACTIVATIONS"]
@@ -57,6 +59,11 @@ class GPTConfig:
     bias: bool = False  # biases in Linear and LayerNorm; off is slightly faster and no worse
     dropout: float = 0.0  # dropout probability in [0, 1); 0 keeps runs deterministic
     checkpoint_blocks: bool = False  # recompute each block in backward instead of saving its activations
+    # Keep no copy of the layer-norm outputs nor of the attention projection's input: backward makes them again
+    # (a LayerNorm forward, a copy) from the norm inputs and the attention output, which it keeps anyway
+    # (actzip.memory.rebuild; bit-identical). Under an ActivationCache that compresses those sources it saves
+    # nothing: the rebuild keeps them whole.
+    rebuild_saved: bool = False
     tie_weights: bool = True  # share the token embedding with the output head (fewer params)
     # >0: with targets, run the output head and the loss over this many tokens at a time, each chunk's logits
     # recomputed in backward, so the step never holds the full (tokens x vocab) logits in float32; forward
@@ -71,7 +78,7 @@ class GPTConfig:
                 raise ConfigError(f"GPTConfig.{name} must be a positive int, got {value!r}")
         if not isinstance(self.loss_chunk, int) or isinstance(self.loss_chunk, bool) or self.loss_chunk < 0:
             raise ConfigError(f"GPTConfig.loss_chunk must be an int >= 0, got {self.loss_chunk!r}")
-        for name in ("bias", "checkpoint_blocks", "tie_weights"):
+        for name in ("bias", "checkpoint_blocks", "tie_weights", "rebuild_saved"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ConfigError(f"GPTConfig.{name} must be a bool, got {value!r}")
@@ -111,6 +118,7 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
+        self.config = config  # read at each call: rebuild_saved can be switched on a built model
         self.n_head = config.n_head
         self.dropout = config.dropout
         # One matmul for q, k and v together: fewer kernel launches than three.
@@ -128,8 +136,17 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        merged = _merge_heads(y)
+        if not (self.config.rebuild_saved and torch.is_grad_enabled()):
+            return self.resid_dropout(self.c_proj(merged))
+        with rebuild_saved([(merged, recompute(_merge_heads, y))]):  # y: kept by the attention's backward
+            return self.resid_dropout(self.c_proj(merged))
+
+
+def _merge_heads(y: torch.Tensor) -> torch.Tensor:
+    """(B, n_head, T, head_dim) -> (B, T, C), contiguous."""
+    B, H, T, D = y.shape
+    return y.transpose(1, 2).contiguous().view(B, T, H * D)
 
 
 class MLP(nn.Module):
@@ -153,14 +170,20 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
+        self.config = config
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        x = x + self.mlp(self.ln_2(x))
+        if not (self.config.rebuild_saved and torch.is_grad_enabled()):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+        for norm, sub in ((self.ln_1, self.attn), (self.ln_2, self.mlp)):
+            n = norm(x)
+            with rebuild_saved([(n, recompute(norm, x))]):  # x: kept by the norm's backward
+                x = x + sub(n)
         return x
 
 
