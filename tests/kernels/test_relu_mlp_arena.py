@@ -1,6 +1,12 @@
-"""The fused ReLU² MLP on the kernel path with an arena: exact, no host sync, overflow recomputed."""
+"""The fused ReLU² MLP on the kernel path with an arena: exact, no host sync, overflow recomputed; with a
+capturable arena (or under CUDA graph capture) a refused payload gives NaN and skips a fused optimizer's step."""
 
 import copy
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
 
 import pytest
 import torch
@@ -11,10 +17,12 @@ import actzip
 from actzip.core.errors import ConfigError
 from actzip.memory import ActivationCache, SparseGatedReLUMLP, SparseReLUMLP
 from actzip.memory import relu_mlp as R
-from actzip.memory.arena import Arena
+from actzip.memory.arena import Arena, GraphedStep
 
 pytest.importorskip("triton")
+from actzip.kernels import relu_mlp_triton as K  # noqa: E402
 from actzip.kernels import runtime  # noqa: E402
+from actzip.kernels import sparse_encode_triton as se  # noqa: E402
 
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(runtime.unavailable_reason("cpu") is not None, reason="no interpreter")),
@@ -117,9 +125,10 @@ def test_arena_needs_kernels_and_unchecked_sign_packing():
 
 
 @pytest.mark.cuda
-def test_training_step_has_no_host_sync():
+@pytest.mark.parametrize("capturable", [False, True])
+def test_training_step_has_no_host_sync(capturable):
     device = "cuda"
-    arena = Arena(64 << 20, device=device)
+    arena = Arena(64 << 20, device=device, capturable=capturable)
     _, _, fused = ref_and_fused(device, torch.bfloat16, arena, sign_pack=True)
     x = torch.randn(512, 32, device=device, dtype=torch.bfloat16, requires_grad=True)
     opt = torch.optim.SGD(fused.parameters(), lr=0.1)
@@ -139,3 +148,337 @@ def test_training_step_has_no_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert arena.overflows() == 0
+
+
+# -- the ok flag in the backward kernels -----------------------------------------------------------------------
+
+
+def relu_payload(shape, dtype, device, tile, sign_pack, seed):
+    g = torch.Generator().manual_seed(seed)
+    r = torch.relu((torch.randn(shape, generator=g) * 3).to(dtype))
+    r = torch.where(torch.signbit(r), torch.zeros_like(r), r).to(device)  # no -0.0: sign packing drops the sign
+    codec = actzip.codecs.get("sparse", tile_size=tile, sign_pack=sign_pack, check=False, kernel="torch")
+    grad = (torch.randn(shape, generator=g) * 5).to(dtype).to(device)
+    return r, codec.encode(r), codec, grad
+
+
+def bits_of(t):
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("sign_pack", [False, True])
+@pytest.mark.parametrize("tile", [64, 256, 1024])
+def test_ok_flag_true_changes_no_bit_false_gives_nan(device, dtype, sign_pack, tile):
+    rng = torch.Generator().manual_seed(tile + 7 * sign_pack + hash(str(dtype)) % 1000)
+    for i in range(2):
+        shape = (int(torch.randint(1, 4, (1,), generator=rng)), int(torch.randint(1, 700, (1,), generator=rng)))
+        _, p, codec, grad = relu_payload(shape, dtype, device, tile, sign_pack, seed=i)
+        b = p.buffers
+        args = (b["mask"], b["tile_offsets"], b["values"], dtype, tile, sign_pack)
+        # The values at an offset, as in an arena, with the flag as the encoder (int64) or reserve (bool) gives it.
+        pad = 16 if sign_pack else 32
+        shifted = torch.cat([torch.full((pad,), 5, dtype=b["values"].dtype, device=device), b["values"]])
+        off = torch.tensor([pad], dtype=torch.int64, device=device)
+        at = (b["mask"], b["tile_offsets"], shifted, dtype, tile, sign_pack)
+        for square in (True, False):
+            want_g = K.relu_grad(grad, *args, square)
+            want_a = K.activation(*args[:3], shape, *args[3:], square)
+            if device == "cuda" or dtype == torch.float32:  # 16-bit float arithmetic: exact on CUDA only
+                assert torch.equal(bits_of(want_g), bits_of(R.relu_grad_from_payload(grad, p, codec, square)))
+                assert torch.equal(bits_of(want_a), bits_of(R.activation_from_payload(p, codec, square)))
+            for ok in (torch.ones(1, dtype=torch.int64, device=device), torch.ones(1, dtype=torch.bool, device=device)):
+                got_g = K.relu_grad(grad, *at, square, values_offset=off, ok=ok)
+                got_a = K.activation(*at[:3], shape, *at[3:], square, values_offset=off, ok=ok)
+                assert torch.equal(bits_of(got_g), bits_of(want_g)) and torch.equal(bits_of(got_a), bits_of(want_a))
+            refused = torch.zeros(1, dtype=torch.int64, device=device)
+            assert K.relu_grad(grad, *at, square, values_offset=off, ok=refused).isnan().all()
+            assert K.activation(*at[:3], shape, *at[3:], square, values_offset=off, ok=refused).isnan().all()
+
+
+_NO_READ_SCRIPT = textwrap.dedent("""
+    import sys, torch, actzip
+    from actzip.kernels import relu_mlp_triton as K
+    device = sys.argv[1]
+    for dtype in (torch.float32, torch.bfloat16):
+        for sign_pack in (False, True):
+            r = torch.relu(torch.randn(3, 300)).to(dtype).to(device)
+            codec = actzip.codecs.get("sparse", tile_size=64, sign_pack=sign_pack, check=False, kernel="torch")
+            b = codec.encode(r).buffers
+            grad = torch.randn(3, 300).to(dtype).to(device)
+            args = (b["mask"], b["tile_offsets"], b["values"], dtype, 64, sign_pack)
+            # A values offset far past the buffer (unmapped memory): reading it would fault.
+            kw = dict(values_offset=torch.tensor([1 << 40], device=device), ok=torch.zeros(1, device=device))
+            for square in (True, False):
+                assert K.relu_grad(grad, *args, square, **kw).isnan().all()
+                assert K.activation(*args[:3], r.shape, *args[3:], square, **kw).isnan().all()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    print("NO-READ")
+""")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_refused_payload_values_are_never_read(device):
+    # In a fresh process: a regression faults (a segfault, or an illegal address on CUDA) and must not take
+    # the test run down with it.
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _NO_READ_SCRIPT, device], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "NO-READ" in done.stdout, (done.returncode, done.stderr[-3000:])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ok_flag_checked(device):
+    _, p, _, grad = relu_payload((2, 70), torch.float32, device, 64, False, seed=0)
+    b = p.buffers
+    with pytest.raises(ConfigError, match="ok must be a one-element tensor"):
+        K.relu_grad(grad, b["mask"], b["tile_offsets"], b["values"], torch.float32, 64, False, True,
+                    ok=torch.ones(2, device=device))
+
+
+# -- the encoder's counters and the step flag -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_encoder_counts_like_reserve_and_raises_the_step_flag(device):
+    from actzip.memory import arena as A
+
+    assert se.ONE_F32_BITS.value == A.ONE_F32_BITS
+    h = torch.randn(3, 170, device=device)
+    size = int(se.encode(h, 64, False, relu=True, arena=Arena(1 << 16, device=device)).total) * 4
+    capacity = size * 3 // 2  # room for one payload, not two
+    by_kernel, by_reserve = Arena(capacity, device=device), Arena(capacity, device=device)
+    for _ in range(3):  # fits, then refused twice (the cursor stays where the refused payloads would start)
+        e = se.encode(h, 64, False, relu=True, arena=by_kernel)
+        by_reserve.reserve(e.total * 4)
+        assert torch.equal(by_kernel.counters, by_reserve.counters)
+    assert by_kernel.step_overflows() == 2 and by_kernel.overflows() == 2 and float(by_kernel.step_overflow) == 1.0
+    by_kernel.reset()
+    assert float(by_kernel.step_overflow) == 0.0 and by_kernel.step_overflows() == 0 and by_kernel.overflows() == 2
+    e = se.encode(h, 64, False, relu=True, arena=by_kernel)
+    assert int(e.ok) == 1 and float(by_kernel.step_overflow) == 0.0
+
+
+# -- a capturable arena: decided on the device, NaN on refusal -----------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sign_pack", [False, True])
+@pytest.mark.parametrize("gated", [False, True])
+def test_capturable_arena_exact_when_it_fits_nan_when_refused(device, sign_pack, gated):
+    for dtype in dtypes_for(device):
+        x = torch.randn(*((2, 8, 32) if device == "cpu" else (3, 40, 32)), device=device, dtype=dtype)
+        big = Arena(1 << 20, device=device, capturable=True)
+        run_ref, ref, fused = ref_and_fused(device, dtype, big, sign_pack=sign_pack, gated=gated)
+        want = grads(run_ref, list(ref.parameters()), x)
+        before = R.arena_overflows()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            got = grads(fused, list(fused.parameters()), x)
+            for a, b in zip(want, got):
+                assert torch.equal(a, b)
+            assert big.overflows() == 0 and float(big.step_overflow) == 0.0
+
+            small = Arena(16, device=device, capturable=True)  # nonzero: a regression reads garbage, not a fault
+            _, _, fused = ref_and_fused(device, dtype, small, sign_pack=sign_pack, gated=gated)
+            got = grads(fused, list(fused.parameters()), x)
+        assert not [w for w in seen if "arena had no room" in str(w.message)]
+        assert R.arena_overflows() == before  # nothing recomputed: the host was never asked
+        assert torch.equal(got[0], want[0])  # forward does not need the payload
+        # Everything that depends on relu(h) is NaN (x, the projections before and the down weight); the
+        # down projection's bias gradient does not.
+        for g in got[1:-1]:
+            assert g.isnan().all()
+        assert torch.equal(got[-1], want[-1])
+        assert float(small.step_overflow) == 1.0 and small.step_overflows() == 1 and small.overflows() == 1
+        small.reset()
+        assert float(small.step_overflow) == 0.0 and small.overflows() == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_capturable_refusal_skips_a_fused_adamw_step(device):
+    arena = Arena(16, device=device, capturable=True)
+    _, _, fused = ref_and_fused(device, torch.float32, arena)
+    opt = torch.optim.AdamW(fused.parameters(), lr=0.1, fused=True)
+    opt.found_inf = arena.step_overflow
+    before = [p.detach().clone() for p in fused.parameters()]
+    fused(torch.randn(8, 32, device=device)).square().mean().backward()
+    opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(fused.parameters(), before))
+    arena.reset()
+    arena.fit()
+    opt.zero_grad(set_to_none=True)
+    fused(torch.randn(8, 32, device=device)).square().mean().backward()
+    opt.step()
+    assert float(arena.step_overflow) == 0.0
+    assert not any(torch.equal(p, q) for p, q in zip(fused.parameters(), before))
+
+
+# -- CUDA graphs --------------------------------------------------------------------------------------------
+
+
+def relu2_stack(arena, dtype, sign_pack=False, layers=2, d=64, hidden=256):
+    torch.manual_seed(0)
+    ref = nn.ModuleList(nn.ModuleDict({"up": nn.Linear(d, hidden), "down": nn.Linear(hidden, d)})
+                        for _ in range(layers)).to(device="cuda", dtype=dtype)
+    m = copy.deepcopy(ref)
+    codec = actzip.codecs.get("sparse", kernel="triton", tile_size=1024, sign_pack=sign_pack, check=not sign_pack)
+    fused = nn.ModuleList(SparseReLUMLP(layer["up"], layer["down"], square=True, codec=codec, arena=arena)
+                          for layer in m)
+    return ref, fused
+
+
+def run_ref(ref, x):
+    for layer in ref:
+        x = x + layer["down"](F.relu(layer["up"](x)).square())
+    return x
+
+
+def run_fused(fused, x):
+    for layer in fused:
+        x = x + layer(x)
+    return x
+
+
+def loss_of(y):
+    return y.float().square().mean()
+
+
+def adamw(module):
+    # A small lr: densities barely drift between steps, so the fitted arena keeps fitting (margin 1.25).
+    return torch.optim.AdamW(module.parameters(), lr=1e-3, fused=True, capturable=True)
+
+
+def reference_step(ref, opt, x):
+    opt.zero_grad(set_to_none=True)
+    loss = loss_of(run_ref(ref, x))
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def assert_same(fused, ref):
+    for p, q in zip(fused.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+        assert torch.equal(p.grad, q.grad)
+
+
+def captured_step(fused, opt, arena, static_x, ref, opt_ref, warmup_batches, fit):
+    """Torch's whole-network recipe: warm up on a side stream, capture with found_inf wired, return the graph."""
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        arena.reset()
+        loss = loss_of(run_fused(fused, static_x))
+        loss.backward()
+        opt.step()
+        return loss
+
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    for x in warmup_batches:  # eager steps: a refusal is recomputed (exact), so no found_inf yet
+        static_x.copy_(x)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            step()
+        main.wait_stream(side)
+        reference_step(ref, opt_ref, x)
+        assert_same(fused, ref)
+        if fit:
+            arena.fit()
+    opt.found_inf = arena.step_overflow
+    opt.zero_grad(set_to_none=True)  # backward allocates the gradients in the graph's pool
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = step()
+    return graph, loss
+
+
+@pytest.mark.cuda
+def test_captured_training_step_matches_eager_reference():
+    arena = Arena(device="cuda")
+    ref, fused = relu2_stack(arena, torch.float32)
+    opt_ref, opt = adamw(ref), adamw(fused)
+    batches = [torch.randn(64, 64, device="cuda") for _ in range(6)]
+    static_x = torch.empty_like(batches[0])
+    graph, static_loss = captured_step(fused, opt, arena, static_x, ref, opt_ref, batches[:3], fit=True)
+    refused = arena.overflows()
+    for x in batches[3:]:  # new inputs, copied into the static one
+        static_x.copy_(x)
+        graph.replay()
+        want = reference_step(ref, opt_ref, x)
+        assert torch.equal(static_loss, want)
+        assert_same(fused, ref)
+    assert arena.overflows() == refused and float(arena.step_overflow) == 0.0
+
+
+@pytest.mark.cuda
+def test_captured_step_with_too_small_arena_is_skipped():
+    arena = Arena(256, device="cuda")  # far less than any payload: every reservation is refused
+    ref, fused = relu2_stack(arena, torch.float32)
+    opt_ref, opt = adamw(ref), adamw(fused)
+    batches = [torch.randn(64, 64, device="cuda") for _ in range(3)]
+    static_x = torch.empty_like(batches[0])
+    graph, _ = captured_step(fused, opt, arena, static_x, ref, opt_ref, batches[:2], fit=False)
+    refused = arena.overflows()
+    params = [p.detach().clone() for p in fused.parameters()]
+    steps = [opt.state[p]["step"].clone() for p in fused.parameters()]
+    static_x.copy_(batches[2])
+    graph.replay()
+    assert arena.overflows() > refused and float(arena.step_overflow) == 1.0
+    assert fused[0].up.weight.grad.isnan().all()
+    for p, before, step in zip(fused.parameters(), params, steps):
+        assert torch.equal(p, before) and torch.equal(opt.state[p]["step"], step)
+
+
+@pytest.mark.cuda
+def test_graphed_step_replays_exactly_and_recaptures_when_the_arena_grows():
+    arena = Arena(device="cuda")
+    ref, fused = relu2_stack(arena, torch.bfloat16, sign_pack=True)
+    opt_ref, opt = adamw(ref), adamw(fused)
+    static_x = torch.empty(64, 64, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(run_fused(fused, static_x))
+        loss.backward()
+        opt.step()
+        return loss
+
+    graphed = GraphedStep(step, arena, opt, warmup=2)
+
+    def one_step():
+        x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+        static_x.copy_(x)
+        loss = graphed()
+        assert torch.equal(loss, reference_step(ref, opt_ref, x))
+        assert_same(fused, ref)
+        assert not graphed.refit()
+
+    for _ in range(5):
+        one_step()
+    assert graphed.eager_steps == 2 and graphed.captures == 1
+    # Denser activations than in any step so far: the replay's reservations are refused, its step skipped.
+    with torch.no_grad():
+        for net in (ref, fused):
+            for layer in net:
+                (layer["up"] if isinstance(layer, nn.ModuleDict) else layer.up).bias.add_(4.0)
+    x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    static_x.copy_(x)
+    params = [p.detach().clone() for p in fused.parameters()]
+    refused = arena.overflows()
+    capacity = arena.capacity_bytes
+    graphed()
+    assert all(torch.equal(p, q) for p, q in zip(fused.parameters(), params))
+    assert arena.overflows() > refused
+    assert graphed.refit() and graphed.graph is None and arena.capacity_bytes > capacity
+    loss = graphed()  # the same batch again, eagerly: the skipped step redone
+    assert torch.equal(loss, reference_step(ref, opt_ref, x))
+    assert_same(fused, ref)
+    assert graphed.graph is None and graphed.eager_steps == 3
+    for _ in range(3):  # captured anew, then replayed
+        one_step()
+    assert graphed.captures == 2 and graphed.eager_steps == 3

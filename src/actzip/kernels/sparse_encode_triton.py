@@ -20,7 +20,8 @@ The same kernel optionally
   and writes the activation the forward pass goes on with (``ACT_OUT``: ``relu(h)`` or ``relu(h)²``), so a
   fused MLP reads ``h`` once and never materializes ``relu(h)`` next to its output;
 - reserves its values in an :class:`~actzip.memory.arena.Arena` on the device: tiles write only inside the
-  capacity, and the last tile moves the arena's cursor and statistics and sets the ``ok`` flag.
+  capacity, and the last tile moves the arena's cursor and statistics (refusals counted, the step's
+  overflow flag raised) and sets the ``ok`` flag.
 
 Oracle: the PyTorch codec (``actzip.codecs.get("sparse", kernel="torch")``) and, for the ReLU, ``torch.relu``.
 The buffers are the two-pass encoder's, bit for bit.
@@ -51,6 +52,7 @@ AGGREGATE = tl.constexpr(1 << 61)
 INCLUSIVE = tl.constexpr(1 << 62)
 VALUE_MASK = tl.constexpr((1 << 61) - 1)
 LOOKBACK = tl.constexpr(32)  # status words read per look-back step
+ONE_F32_BITS = tl.constexpr(0x3F800000)  # float32 1.0, as actzip.memory.arena.ONE_F32_BITS
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -86,7 +88,9 @@ def _exclusive_prefix(status_ptr, tile, size):
     return excl
 
 
-@triton.jit
+# capacity is not specialized (divisible by 16, equal to 1): Arena.fit() changes it between steps, and a new
+# specialization must not be compiled while a CUDA graph is being captured.
+@triton.jit(do_not_specialize=["capacity"])
 def encode_kernel(
     src_ptr,
     act_ptr,
@@ -116,8 +120,9 @@ def encode_kernel(
     ``work_ptr``: zeroed int64 ``[n_tiles + WORK_EXTRA]``: the tiles' status words, the ticket, then the
     results ``[total, nnz, sign_set, ok, start]`` (see :class:`Encoded`). ``start_ptr``: int64, the byte
     offset of this payload's values in ``values``. With ``ARENA``, ``counters_ptr`` is the arena's int64
-    ``[cursor, wanted, high_water, overflows]`` (bytes) and values are written only below ``capacity``
-    elements; the last tile reserves ``total`` (16-byte aligned) or counts the refusal. ``ROW``: the tile is
+    ``[cursor, wanted, high_water, overflows, step_overflows, step_flag]`` (see
+    :mod:`actzip.memory.arena`) and values are written only below ``capacity`` elements; the last tile
+    reserves ``total`` (16-byte aligned) or counts the refusal and raises the step flag. ``ROW``: the tile is
     handled as ``[T // ROW, ROW]``; with ``ROW`` 8 a thread holds whole mask bytes, with 2 neighbouring
     lanes hold neighbouring elements, so one store instruction of the compacted values covers one short,
     contiguous run of the output instead of a strided spread.
@@ -200,7 +205,12 @@ def encode_kernel(
             tl.store(counters_ptr, tl.where(granted, cursor + nbytes, cursor))
             tl.store(counters_ptr + 1, wanted)
             tl.store(counters_ptr + 2, tl.maximum(tl.load(counters_ptr + 2), wanted))
-            tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + 1 - granted.to(tl.int64))
+            refused = 1 - granted.to(tl.int64)
+            tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + refused)
+            step_refused = tl.load(counters_ptr + 4) + refused
+            tl.store(counters_ptr + 4, step_refused)
+            # The arena's float32 step_overflow (found_inf for an optimizer) in the low half of this word.
+            tl.store(counters_ptr + 5, (step_refused > 0).to(tl.int64) * ONE_F32_BITS)
         else:
             tl.store(res_ptr + 3, 1)
 

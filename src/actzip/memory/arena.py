@@ -5,18 +5,28 @@ means waiting for the GPU (a host synchronization) for every tensor. The arena a
 allocated up front, and each payload reserves its bytes by moving a cursor that lives on the device, so the
 whole reservation is a few device operations queued like any other kernel.
 
-Overflow never loses data. A reservation that does not fit is refused on the device (the cursor is moved
-back, the payload's ``ok`` flag is false and nothing is written); the refusal is counted on the device, and
-the owner of the payload must keep a way to rebuild the tensor (the fused MLP recomputes it from its saved
-input). ``ok`` is copied to pinned host memory behind an event, so the host learns the outcome without a
-synchronization once the GPU has passed that point (in backward it always has).
+A reservation that does not fit is refused on the device (the cursor is moved back, the payload's ``ok``
+flag is false and nothing is written); the refusal is counted on the device. What happens next depends on
+who decides:
+
+- the host (the default, eagerly): ``ok`` is copied to pinned host memory behind an event, so the host
+  learns the outcome without a synchronization once the GPU has passed that point (in backward it always
+  has), and the owner rebuilds the tensor another way (the fused MLP recomputes it from its saved input);
+- the device (``Arena(capturable=True)``, or whenever a CUDA graph is being captured: a captured graph
+  cannot ask the host): nothing goes to the host; consumers read ``ok`` on the device and, for a refused
+  payload, produce NaN (the fused MLP's gradients), never wrong numbers. :attr:`Arena.step_overflow` is then
+  1.0, ready to be a fused optimizer's ``found_inf``, which skips the step.
 
 Sizing: pass ``capacity_bytes``, or let :meth:`fit` size the buffer from the high-water mark of earlier steps
 times ``margin``. ``reset()`` starts a new step (a device operation). Reading statistics (``used_bytes``,
-``high_water_bytes``, ``overflows``) synchronizes: do it between steps, not inside one.
+``high_water_bytes``, ``overflows``) synchronizes: do it between steps, not inside one. :class:`GraphedStep`
+runs a training step as a CUDA graph and re-captures it when the arena has to grow.
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Any, Callable
 
 import torch
 
@@ -24,17 +34,32 @@ from actzip.core.errors import ConfigError
 
 ALIGN = 16  # bytes; every reservation starts on a 16-byte boundary (vector loads, any element type)
 
+# The counters, one int64 tensor so that a kernel can update them all (actzip.kernels.sparse_encode_triton
+# reserves inside the encoder): cursor; wanted (bytes asked for this step, granted or not); high water (most
+# wanted in one step); overflows (refusals since creation); step overflows (refusals this step); and the step
+# flag, 0 or ONE_F32_BITS: its low-order four bytes are the float32 ``step_overflow``, 0.0 or 1.0.
+CURSOR, WANTED, HIGH_WATER, OVERFLOWS, STEP_OVERFLOWS, STEP_FLAG = range(6)
+N_COUNTERS = 6
+ONE_F32_BITS = 0x3F800000  # float32 1.0
+_KEPT_BY_RESET = (0, 0, 1, 1, 0, 0)
+_FLAG_AS_F32 = 2 * STEP_FLAG + (sys.byteorder == "big")  # the float32 holding the word's low-order bytes
+
 
 class Reservation:
-    """One payload's share of an arena: ``start`` byte offset and ``ok`` flag, both on the device."""
+    """One payload's share of an arena: ``start`` byte offset and ``ok`` flag, both on the device.
 
-    __slots__ = ("start", "ok", "_host_ok", "_event")
+    ``device_only``: no host copy of ``ok`` was made (capturable arena, or made during graph capture); its
+    consumers must read ``ok`` on the device instead of asking :meth:`fits`.
+    """
 
-    def __init__(self, start: torch.Tensor, ok: torch.Tensor) -> None:
+    __slots__ = ("start", "ok", "device_only", "_host_ok", "_event")
+
+    def __init__(self, start: torch.Tensor, ok: torch.Tensor, *, device_only: bool = False) -> None:
         self.start, self.ok = start, ok  # ok: bool, or an integer that is 1 if granted
+        self.device_only = device_only
         self._host_ok = None
         self._event = None
-        if ok.is_cuda:
+        if ok.is_cuda and not device_only:
             self._host_ok = torch.empty(1, dtype=ok.dtype, pin_memory=True)
             self._host_ok.copy_(ok.view(1), non_blocking=True)
             self._event = torch.cuda.Event()
@@ -42,7 +67,8 @@ class Reservation:
 
     def fits(self) -> bool:
         """Whether the reservation was granted. On CUDA this waits for the event only if the GPU has not
-        reached it yet (never the case by the time backward needs the answer)."""
+        reached it yet (never the case by the time backward needs the answer); a ``device_only`` reservation
+        synchronizes (never inside a captured graph)."""
         if self._event is None:
             return bool(self.ok)
         self._event.synchronize()
@@ -50,20 +76,41 @@ class Reservation:
 
 
 class Arena:
-    """Preallocated device memory for payloads whose sizes are only known on the device."""
+    """Preallocated device memory for payloads whose sizes are only known on the device.
 
-    def __init__(self, capacity_bytes: int | None = None, *, device: str | torch.device = "cuda", margin: float = 1.25) -> None:
+    Args:
+      capacity_bytes: initial size (rounded up to 16 bytes); None or 0: unsized until :meth:`fit`.
+      device: where the buffer and the counters live.
+      margin: :meth:`fit` sizes the buffer to ``margin`` times the high-water mark.
+      capturable: never ask the host whether a reservation fit, even eagerly: a refused payload gives NaN
+        gradients in the fused MLPs (and sets :attr:`step_overflow`) instead of being recomputed. False:
+        the host decides (exact recompute) except while a CUDA graph is being captured, where it cannot.
+    """
+
+    def __init__(
+        self,
+        capacity_bytes: int | None = None,
+        *,
+        device: str | torch.device = "cuda",
+        margin: float = 1.25,
+        capturable: bool = False,
+    ) -> None:
         if margin < 1.0:
             raise ConfigError(f"Arena: margin must be >= 1.0, got {margin!r}")
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ConfigError(f"Arena: capacity_bytes must be >= 0, got {capacity_bytes!r}")
+        if not isinstance(capturable, bool):
+            raise ConfigError(f"Arena: capturable must be True or False, got {capturable!r}")
         self.device = torch.device(device)
         self.margin = margin
-        # [cursor, wanted, high_water, overflows] in one tensor, so that a kernel can update them all
-        # (actzip.kernels.sparse_encode_triton reserves inside the encoder). wanted: bytes asked for this step,
-        # granted or not; high_water: most wanted in one step; overflows: refusals since creation.
-        self.counters = torch.zeros(4, dtype=torch.int64, device=self.device)
-        self._cursor, self._wanted, self._high_water, self._overflows = (self.counters[i:i + 1] for i in range(4))
+        self.capturable = capturable
+        self.counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device=self.device)
+        self._cursor, self._wanted, self._high_water, self._overflows, self._step_overflows, _ = (
+            self.counters[i:i + 1] for i in range(N_COUNTERS)
+        )
+        # 0-dim like GradScaler's found_inf: fused optimizers subtract it from their 0-dim step counts.
+        self.step_overflow = self.counters.view(torch.float32)[_FLAG_AS_F32]
+        self._kept_by_reset = torch.tensor(_KEPT_BY_RESET, dtype=torch.int64, device=self.device)
         self.buffer = torch.empty(0, dtype=torch.uint8, device=self.device)
         if capacity_bytes:
             self.buffer = torch.empty(_aligned(capacity_bytes), dtype=torch.uint8, device=self.device)
@@ -71,6 +118,10 @@ class Arena:
     @property
     def capacity_bytes(self) -> int:
         return self.buffer.numel()
+
+    def device_policy(self) -> bool:
+        """Whether reservations made now are decided on the device only (see the module docstring)."""
+        return self.capturable or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
     def reserve(self, nbytes: torch.Tensor) -> Reservation:
         """Reserve ``nbytes`` (an int64 device tensor of one element) without leaving the device."""
@@ -81,16 +132,18 @@ class Arena:
         self._wanted += size
         self._cursor.copy_(torch.where(ok, end, start))  # refused: the cursor stays, later tensors may still fit
         torch.maximum(self._high_water, self._wanted, out=self._high_water)
-        self._overflows += (~ok).to(torch.int64)
-        return Reservation(start, ok)
+        self.counters[OVERFLOWS:STEP_OVERFLOWS + 1] += (~ok).to(torch.int64)
+        torch.maximum(self.step_overflow, (~ok).to(torch.float32).view(()), out=self.step_overflow)
+        return Reservation(start, ok, device_only=self.device_policy())
 
     def view(self, dtype: torch.dtype) -> torch.Tensor:
         """The whole buffer as ``dtype`` elements (capacity is a multiple of 16 bytes)."""
         return self.buffer.view(dtype)
 
     def reset(self) -> None:
-        """Start a new step: every earlier reservation is released (device operations only)."""
-        self.counters[:2].zero_()
+        """Start a new step: every earlier reservation is released and :attr:`step_overflow` cleared (one
+        device operation; inside a captured step, capture it too)."""
+        self.counters.mul_(self._kept_by_reset)
 
     # -- between steps (these synchronize) -------------------------------------------------------------------
 
@@ -105,10 +158,15 @@ class Arena:
         """Reservations refused since creation."""
         return int(self._overflows)
 
+    def step_overflows(self) -> int:
+        """Reservations refused since the last :meth:`reset`."""
+        return int(self._step_overflows)
+
     def fit(self) -> int:
         """Resize to ``margin`` times the high-water mark if that is more than the capacity; returns capacity.
 
-        Call between steps (it synchronizes and may allocate). Existing payloads must not be in use.
+        Call between steps (it synchronizes and may allocate). Existing payloads must not be in use, and a
+        captured graph that uses the old buffer must be captured again (:class:`GraphedStep` does).
         """
         want = _aligned(int(self.high_water_bytes() * self.margin))
         if want > self.capacity_bytes:
@@ -117,7 +175,98 @@ class Arena:
         return self.capacity_bytes
 
     def __repr__(self) -> str:
-        return f"Arena(capacity_bytes={self.capacity_bytes}, device={self.device}, margin={self.margin})"
+        return (f"Arena(capacity_bytes={self.capacity_bytes}, device={self.device}, margin={self.margin}, "
+                f"capturable={self.capturable})")
+
+
+class GraphedStep:
+    """A training step run as a CUDA graph, captured again whenever the arena has to grow.
+
+    ``step()`` runs forward, backward and the optimizer step on static tensors (copy each batch into them,
+    then call this object), and returns what the caller wants back (e.g. the loss). Start it with
+    ``optimizer.zero_grad(set_to_none=True)`` so that backward allocates the gradients in the graph's memory,
+    as torch's whole-network capture recipe wants; do not call ``arena.reset()`` in it (this does).
+
+    Each call is one step. The first ``warmup`` calls run ``step()`` eagerly on a side stream (torch's
+    warm-up before capture; a refused payload is recomputed there, exactly) and size the arena after each
+    (:meth:`Arena.fit`). The next call captures the step and replays it; later calls replay it. In a replay a
+    refused payload cannot be recomputed: its gradients are NaN, and ``optimizer`` (torch's Adam, AdamW or
+    SGD with ``fused=True``; for capture also ``capturable=True``) skips the step, as it reads
+    :attr:`Arena.step_overflow` as its ``found_inf``. That is set here for replays; for eager steps only with a
+    capturable arena (otherwise an eager step with a refusal is exact: nothing to skip). :meth:`refit`,
+    between steps, then grows the arena and drops the graph; the next call runs eagerly (call it on the same
+    batch to redo the skipped step; it also warms up the kernels for the new capacity), the one after
+    captures again. Returns ``step()``'s result; a replay returns the captured one, which the next replay
+    overwrites.
+    """
+
+    def __init__(self, step: Callable[[], Any], arena: Arena, optimizer: torch.optim.Optimizer | None = None,
+                 *, warmup: int = 3) -> None:
+        if not isinstance(warmup, int) or warmup < 1:
+            raise ConfigError(f"GraphedStep: warmup must be an int >= 1, got {warmup!r}")
+        if optimizer is not None and not getattr(optimizer, "_step_supports_amp_scaling", False):
+            raise ConfigError(
+                "GraphedStep: optimizer must take found_inf (torch's Adam, AdamW or SGD with fused=True), got "
+                f"{type(optimizer).__name__}"
+            )
+        if arena.device.type != "cuda":
+            raise ConfigError(f"GraphedStep: arena must be on a CUDA device (graphs are CUDA's), not {arena.device}")
+        self.step, self.arena, self.optimizer, self.warmup = step, arena, optimizer, warmup
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.eager_steps = 0  # statistics: steps run eagerly, captures made
+        self.captures = 0
+        self._warm_left = warmup  # eager steps still to run before the next capture
+        self._side = torch.cuda.Stream(arena.device)
+        self._output = None
+        self._buffer_ptr = None
+        self._overflows = 0
+
+    def __call__(self) -> Any:
+        if self.graph is not None and self.arena.buffer.data_ptr() != self._buffer_ptr:
+            self.graph = self._output = None  # the arena was resized: the graph would write into freed memory
+            self._warm_left = 1
+        if self.graph is None and self._warm_left == 0:
+            self._capture()
+        if self.graph is not None:
+            self.graph.replay()
+            return self._output
+        # Eagerly a non-capturable arena recomputes refused payloads: nothing to skip.
+        self._set_found_inf(self.arena.step_overflow if self.arena.capturable else None)
+        main = torch.cuda.current_stream(self.arena.device)
+        self._side.wait_stream(main)
+        with torch.cuda.stream(self._side):
+            self.arena.reset()
+            out = self.step()
+        main.wait_stream(self._side)
+        self.arena.fit()
+        self.eager_steps += 1
+        self._warm_left = max(self._warm_left - 1, 0)
+        return out
+
+    def refit(self) -> bool:
+        """Between steps (synchronizes): if a replay had a payload refused since the capture (its optimizer
+        step was skipped), grow the arena, drop the graph and return True."""
+        if self.graph is None or self.arena.overflows() == self._overflows:
+            return False
+        self.arena.fit()
+        self.graph = self._output = None
+        self._warm_left = 1
+        return True
+
+    def _capture(self) -> None:
+        self._set_found_inf(self.arena.step_overflow)
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.arena.reset()
+            self._output = self.step()
+        self.graph, self._buffer_ptr, self._overflows = graph, self.arena.buffer.data_ptr(), self.arena.overflows()
+        self.captures += 1
+
+    def _set_found_inf(self, flag: torch.Tensor | None) -> None:
+        if self.optimizer is not None:
+            self.optimizer.found_inf = flag
 
 
 def _aligned(n: int) -> int:

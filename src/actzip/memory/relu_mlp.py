@@ -62,8 +62,10 @@ def _kernel_args(payload: Payload) -> dict:
     b, m = payload.buffers, payload.meta
     values = m["values_buffer"] if m.get("values_buffer") is not None else b["values"]
     dtype = torch.int32 if m["sign_pack"] else bit_view_dtype(payload.dtype)
+    res = m.get("reservation")
+    ok = res.ok if res is not None and res.device_only else None  # the kernels turn a refusal into NaN
     return dict(mask=b["mask"], tile_offsets=b["tile_offsets"], values=values.view(dtype), dtype=payload.dtype,
-                tile_size=m["tile_size"], sign_pack=m["sign_pack"], values_offset=m.get("values_offset"))
+                tile_size=m["tile_size"], sign_pack=m["sign_pack"], values_offset=m.get("values_offset"), ok=ok)
 
 
 def activation_from_payload(payload: Payload, codec: Codec, square: bool) -> torch.Tensor:
@@ -99,7 +101,8 @@ def encode_into_arena(
 
     Returns the payload, its stored size in bytes (a device tensor) and the activation ``relu(h)`` or
     ``relu(h)²`` the forward pass goes on with (written by the same kernel). The payload's ``reservation`` says
-    (from backward on) whether the arena had room; if not, no value was written and the caller recomputes.
+    (from backward on) whether the arena had room; if not, no value was written and the caller recomputes,
+    or, if the reservation is ``device_only`` (see :meth:`Arena.device_policy`), backward gives NaN.
     """
     from actzip.kernels import sparse_encode_triton
 
@@ -107,7 +110,7 @@ def encode_into_arena(
     e = sparse_encode_triton.encode(h, tile, sign_pack, relu=True, act="relu2" if square else "relu", arena=arena)
     elem = 4 if sign_pack else h.element_size()
     meta = {"nnz": None, "perm": None, "tile_size": tile, "sign_pack": sign_pack, "values_buffer": arena.buffer,
-            "values_offset": e.start, "reservation": Reservation(e.start, e.ok)}
+            "values_offset": e.start, "reservation": Reservation(e.start, e.ok, device_only=arena.device_policy())}
     payload = Payload(codec.name, h.shape, h.dtype, h.device, {"mask": e.mask, "tile_offsets": e.tile_offsets}, meta)
     stored = e.total * elem + e.mask.numel() + 4 * e.tile_offsets.numel()
     return payload, stored, e.act
@@ -117,8 +120,17 @@ _overflows = 0  # arena refusals met in backward (each one recomputed relu(up(x)
 
 
 def arena_overflows() -> int:
-    """How many times backward found a payload the arena had no room for, and recomputed it."""
+    """How many times backward found a payload the arena had no room for, and recomputed it (refusals of
+    ``device_only`` reservations are not seen by the host: they are counted by ``arena.overflows()``)."""
     return _overflows
+
+
+def _refused(payload: Payload) -> bool:
+    """Whether backward must recompute: the host was told the arena had no room. A ``device_only``
+    reservation is never asked (that would synchronize, and cannot happen in a captured graph): the kernels
+    read its ``ok`` flag and write NaN for a refused payload."""
+    res = payload.meta.get("reservation")
+    return res is not None and not res.device_only and not res.fits()
 
 
 def _note_overflow() -> None:
@@ -138,7 +150,8 @@ class SparseReLU(torch.autograd.Function):
 
     The payload's buffers go through ``save_for_backward``, so autograd frees them as soon as this node's
     backward has run, as it would free a saved tensor. With an ``arena`` the values go into it without a host
-    synchronization; ``recompute()`` must then rebuild ``h`` bit for bit in case the arena had no room.
+    synchronization; ``recompute()`` must then rebuild ``h`` bit for bit in case the arena had no room (unless
+    the arena decides on the device: then the gradient is NaN, see :mod:`actzip.memory.arena`).
     """
 
     @staticmethod
@@ -160,8 +173,7 @@ class SparseReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         payload = payload_of(ctx)
-        res = payload.meta.get("reservation")
-        if res is not None and not res.fits():
+        if _refused(payload):
             _note_overflow()
             gh = relu_grad_dense(grad, torch.relu(ctx.recompute()), ctx.square)
         else:
@@ -171,8 +183,7 @@ class SparseReLU(torch.autograd.Function):
 
 def _rebuild_activation(node, codec: Codec, square: bool) -> torch.Tensor:
     payload = payload_of(node)
-    res = payload.meta.get("reservation")
-    if res is not None and not res.fits():
+    if _refused(payload):
         _note_overflow()
         r = torch.relu(node.recompute())
         return r.square() if square else r
