@@ -18,7 +18,6 @@ Never stores both pre- and post-activation (as some fused ReLU² MLPs do): that 
 from __future__ import annotations
 
 import warnings
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -30,7 +29,8 @@ from actzip.core import registry
 from actzip.core.errors import ConfigError
 from actzip.core.payload import Payload
 from actzip.memory.arena import Arena, Reservation
-from actzip.memory.saved import current_cache, record_external
+from actzip.memory.rebuild import rebuild_saved, recompute
+from actzip.memory.saved import record_external
 
 
 def _sparse_codec(codec: Codec | None) -> Codec:
@@ -190,17 +190,6 @@ def _rebuild_activation(node, codec: Codec, square: bool) -> torch.Tensor:
     return activation_from_payload(payload, codec, square)
 
 
-def _recompute_fn(module: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """Re-run ``module(x)`` later exactly as now (same autocast state), without building a graph."""
-    dev = x.device.type
-    enabled = torch.is_autocast_enabled(dev)
-    dtype = torch.get_autocast_dtype(dev) if enabled else None
-
-    def run() -> torch.Tensor:
-        with torch.no_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled):
-            return module(x)
-
-    return run
 
 
 def _check_arena(arena: Arena | None, codec: Codec) -> Arena | None:
@@ -226,56 +215,12 @@ def payload_of(node) -> Payload:
     return Payload(sk.codec, sk.shape, sk.dtype, sk.device, dict(zip(node.keys, node.saved_tensors)), sk.meta)
 
 
-class _Rebuild:
-    """What autograd keeps instead of a tensor that can be recomputed from a payload."""
-
-    __slots__ = ("make", "size", "stride", "offset")
-
-    def __init__(self, make: Callable[[], torch.Tensor], view: torch.Tensor) -> None:  # noqa: D107
-        self.make = make
-        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
-
-    def get(self) -> torch.Tensor:
-        return self.make().as_strided(self.size, self.stride, self.offset)
-
-
-class _RebuildSaved(torch.autograd.graph.saved_tensors_hooks):
-    """Inside the block, a saved tensor sharing storage with a target is kept as a rebuild handle.
-
-    Other saved tensors go to the enclosing :class:`~actzip.memory.ActivationCache` if one is open (these
-    hooks hide it), else are kept as they are. Rebuilt tensors are accounted as stored in 0 bytes.
-
-    Autograd keeps the hook functions with every tensor they packed, so they must not refer to the targets
-    themselves (that would keep them alive, defeating the point): they know them by storage address, which
-    cannot be reused while the targets are alive, i.e. during the block.
-    """
-
-    def __init__(self, targets: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]]) -> None:
-        # The rebuilt tensor comes back contiguous from offset 0: only such targets can be re-viewed exactly.
-        keys = [((t.device, t.untyped_storage().data_ptr()), make) for t, make in targets
-                if t.is_contiguous() and t.storage_offset() == 0]
-        cache = current_cache()
-
-        def pack(t: torch.Tensor):
-            key = (t.device, t.untyped_storage().data_ptr())
-            for target, make in keys:
-                if key == target:
-                    record_external("rebuilt", t.numel() * t.element_size(), 0)
-                    return _Rebuild(make, t)
-            return cache.pack(t) if cache is not None else t.detach()  # detached: no node -> itself cycle
-
-        def unpack(saved):
-            if isinstance(saved, _Rebuild):
-                return saved.get()
-            return cache.unpack(saved) if cache is not None else saved
-
-        super().__init__(pack, unpack)
 
 
 def _sparse_activation(module: nn.Module, proj: nn.Module, x: torch.Tensor, h: torch.Tensor):
     """``act(h)`` through :class:`SparseReLU` (``h = proj(x)``), and the function that rebuilds it in backward."""
-    recompute = _recompute_fn(proj, x) if module.arena is not None else None
-    a = SparseReLU.apply(h, module.codec, module.square, "relu output", module.arena, recompute)
+    remake_h = recompute(proj, x) if module.arena is not None else None
+    a = SparseReLU.apply(h, module.codec, module.square, "relu output", module.arena, remake_h)
     node, codec, square = a.grad_fn, module.codec, module.square
 
     def rebuild_a() -> torch.Tensor:
@@ -320,7 +265,7 @@ class SparseReLUMLP(nn.Module):
             y = down(r.square() if self.square else r)
         else:
             a, rebuild_a = _sparse_activation(self, up, x, h)
-            with _RebuildSaved([(a, rebuild_a)]):
+            with rebuild_saved([(a, rebuild_a)]):
                 y = down(a)
         return self.dropout(y) if self.dropout is not None else y
 
@@ -363,13 +308,13 @@ class SparseGatedReLUMLP(nn.Module):
         a, rebuild_a = _sparse_activation(self, gate, x, g)
 
         u = up(x)
-        with _RebuildSaved([(a, rebuild_a)]):
+        with rebuild_saved([(a, rebuild_a)]):
             p = a * u
 
         def rebuild_p() -> torch.Tensor:
             return rebuild_a() * u
 
-        with _RebuildSaved([(p, rebuild_p)]):
+        with rebuild_saved([(p, rebuild_p)]):
             return down(p)
 
     def extra_repr(self) -> str:
