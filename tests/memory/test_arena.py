@@ -51,7 +51,7 @@ def test_fit_sizes_from_high_water_with_margin_and_reset(device):
 def test_step_overflow_flag_counts_this_step_and_reset_clears_it(device):
     arena = Arena(256, device=device)
     flag = arena.step_overflow
-    assert flag.dtype == torch.float32 and flag.dim() == 0 and flag.device == arena.device  # like found_inf
+    assert flag.dtype == torch.float32 and flag.dim() == 0 and flag.device == arena.counters.device  # like found_inf
     assert arena.reserve(t(64, device)).fits() and float(flag) == 0.0
     assert not arena.reserve(t(300, device)).fits()
     assert not arena.reserve(t(300, device)).fits()
