@@ -59,3 +59,22 @@ def test_narrow_widths_keep_the_stream_layout():
     fast = pack_bits(torch.cat([v, v[:1]]), 4)  # 64 values: the vectorized path
     slow = pack_bits(v, 4)  # 63 values: the general path
     assert torch.equal(fast[:31], slow[:31])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+@pytest.mark.parametrize("offset", [0, 3, 8])
+def test_bool_word_path_matches_the_byte_weights(device, offset):
+    # 64-bit word tricks on aligned tensors, byte weights elsewhere: the same bytes either way
+    g = torch.Generator().manual_seed(offset)
+    for n in (8, 64, 8 * 4097):
+        base = (torch.rand(n + offset, generator=g) < 0.4).to(device)
+        flags = base[offset:offset + n - n % 8] if offset else base
+        ref = (flags.reshape(-1, 8).to(torch.uint8)
+               * torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)).sum(1, dtype=torch.uint8)
+        packed = pack_bool(flags)
+        assert torch.equal(packed, ref)
+        back = unpack_bool(packed)
+        assert back.dtype == torch.bool and torch.equal(back, flags)
+    every = torch.arange(256, dtype=torch.uint8, device=device)  # each byte value spreads and gathers back
+    assert torch.equal(pack_bool(unpack_bool(every)), every)

@@ -22,10 +22,34 @@ def _byte_weights(device: torch.device) -> torch.Tensor:
     return torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)
 
 
+# Eight flags per 64-bit word, in elementwise passes over words (a reduction over groups of 8 is slow on GPUs).
+# Packing: the flag bytes b_0..b_7 of a little-endian word, times this constant, land as b_i << (56 + i) in the
+# top byte; every other product falls above bit 63 (dropped: the multiplication wraps) or on a distinct bit below
+# 56, so nothing carries into the top byte.
+_GATHER = 0x0102040810204080
+_SPREAD = 0x0101010101010101  # the packed byte copied into all 8 bytes of a word
+_SELECT = 0x8040201008040201 - (1 << 64)  # byte i keeps bit i (as an int64 constant)
+_TOP_UP = 0x7F7F7F7F7F7F7F7F  # per byte: 0 stays below 0x80, any set bit reaches it; no carry between bytes
+_LOW = 0x0101010101010101
+
+
+def _word_view(flags: torch.Tensor) -> torch.Tensor | None:
+    """``flags`` (bool, 1-D) seen as int64 words, or ``None`` where that view is not possible."""
+    if flags.dtype != torch.bool or not flags.is_contiguous() or flags.storage_offset() % 8 or flags.numel() % 8:
+        return None
+    try:
+        return flags.view(torch.int64)
+    except RuntimeError:  # a storage the view cannot take (alignment)
+        return None
+
+
 def pack_bool(bits: torch.Tensor) -> torch.Tensor:
     """Pack a 1-D bool tensor whose length is a multiple of 8 into uint8 (8 flags per byte)."""
     if bits.numel() % 8:
         raise ValueError(f"pack_bool needs a multiple of 8 flags, got {bits.numel()}")
+    words = _word_view(bits.reshape(-1))
+    if words is not None:
+        return ((words * _GATHER) >> 56).to(torch.uint8)  # the cast keeps the low byte: the flags
     b = bits.reshape(-1, 8).to(torch.uint8)
     # Sum of distinct powers of two never exceeds 255, so uint8 accumulation is exact.
     return (b * _byte_weights(bits.device)).sum(dim=1, dtype=torch.uint8)
@@ -33,8 +57,8 @@ def pack_bool(bits: torch.Tensor) -> torch.Tensor:
 
 def unpack_bool(packed: torch.Tensor, n: int | None = None) -> torch.Tensor:
     """Inverse of :func:`pack_bool`; keep the first ``n`` flags (all when ``None``)."""
-    bits = (packed.reshape(-1, 1) & _byte_weights(packed.device)) != 0
-    bits = bits.reshape(-1)
+    words = (packed.reshape(-1).to(torch.int64) * _SPREAD).bitwise_and_(_SELECT)
+    bits = words.add_(_TOP_UP).bitwise_right_shift_(7).bitwise_and_(_LOW).view(torch.bool)
     return bits if n is None else bits[:n]
 
 

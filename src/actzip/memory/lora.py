@@ -251,20 +251,10 @@ def dropout_backward_from_mask(grad: torch.Tensor, mask: torch.Tensor, p: float)
     return grad * mask.to(grad.dtype).div_(1 - p)
 
 
-_BIT_WEIGHTS: dict[torch.device, torch.Tensor] = {}
-
-
 def _pack_mask(mask: torch.Tensor) -> torch.Tensor:
-    """:func:`actzip.codecs.bitpack.pack_bool`'s layout (:func:`unpack_bool` reads it back), reading the bool mask
-    in place as bytes: one pass less over the mask than converting it first."""
+    """The keep-mask as bits (:func:`actzip.codecs.bitpack.pack_bool`'s layout; :func:`unpack_bool` reads it back)."""
     flat = mask.reshape(-1)
-    if flat.numel() % 8:
-        return pack_bool(F.pad(flat, (0, -flat.numel() % 8)))
-    w = _BIT_WEIGHTS.get(flat.device)
-    if w is None:
-        w = _BIT_WEIGHTS[flat.device] = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8,
-                                                     device=flat.device)
-    return (flat.view(torch.uint8).reshape(-1, 8) * w).sum(1, dtype=torch.uint8)
+    return pack_bool(F.pad(flat, (0, -flat.numel() % 8)) if flat.numel() % 8 else flat)
 
 
 def _dropout_backward(grad: torch.Tensor, p: float, state: torch.Tensor, like: tuple) -> torch.Tensor:
