@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actzip
+import actzip.codecs.quant as quant_module
+from actzip.codecs.bitpack import unpack_bits
 from actzip.codecs.quant import FP8Codec, QuantCodec
 from actzip.codecs.sparse import memory_order
 from actzip.core.errors import ConfigError, InvalidValueError, UnsupportedDtypeError, UnsupportedLayoutError
@@ -141,7 +143,12 @@ def test_absmax_nearest_is_symmetric_and_rounds_ties_to_even(bits):
     x = torch.cat([torch.tensor([float(q), -float(q)], dtype=torch.float64), ties, -ties])
     x = torch.cat([x, torch.zeros(-x.numel() % 8, dtype=torch.float64)])
     codec = QuantCodec(bits=bits, group_size=x.numel(), scale="absmax", rounding="nearest")
-    assert torch.equal(codec.decode(codec.encode(x)), torch.round(x))
+    p = codec.encode(x)
+    codes = unpack_bits(p.buffers["codes"], x.numel(), bits, torch.int64) - q
+    assert torch.equal(codes.to(torch.float64), torch.round(x))
+    # Decoding multiplies by the float 1/q: the levels come back within an ulp, +-q exactly.
+    y = codec.decode(p)
+    assert (y - torch.round(x)).abs().max() <= q * torch.finfo(torch.float64).eps and torch.equal(y[:2], x[:2])
     r = torch.randn(4096, generator=torch.Generator().manual_seed(bits))
     codec = QuantCodec(bits=bits, group_size=64, scale="absmax", rounding="nearest")
     assert torch.equal(codec.decode(codec.encode(-r)), -codec.decode(codec.encode(r)))
@@ -211,6 +218,33 @@ def test_nearest_rounding_fails_the_same_check():
     assert err > 0.29 > 5 * 0.5 / math.sqrt(REPEATS)
     err = mean_error_in_steps(QuantCodec(bits=4, group_size=16, rounding="stochastic"), group)
     assert err <= 5 * 0.5 / math.sqrt(REPEATS)
+
+
+def test_stochastic_rounding_bias_is_at_most_2_to_the_minus_16(monkeypatch):
+    # With each 15-bit random integer once, the mean rounding of v is exact up to the fraction's resolution.
+    r = torch.arange(1 << 15, dtype=torch.int64)
+    monkeypatch.setattr(quant_module, "_round_bits_like", lambda t, keys: r.view(t.shape))
+    g = torch.Generator().manual_seed(0)
+    values = (torch.rand(30, generator=g, dtype=torch.float64) * 15).tolist() + [0.0, 15.0, 7.5, 1 / 3, 2.0**-17]
+    for dtype in (torch.float32, torch.float64):
+        for v0 in values:
+            for off in (0, 7):  # minmax, absmax (v in [-Q, Q], offset by Q)
+                v = torch.full((1 << 15,), v0, dtype=dtype) - off
+                exact = v[0].item() + off
+                q = QuantCodec(bits=4)._round(v, off, (0, 0))
+                assert abs(q.double().mean().item() - exact) <= 2.0**-16, (dtype, v0, off)
+    for fmt in ("e4m3", "e5m2"):
+        f8 = FP8_DTYPE[fmt]
+        mag = torch.rand(40, generator=g) * torch.finfo(f8).max
+        mag = torch.cat([mag, mag * 2.0**-20, torch.tensor([0.0, torch.finfo(f8).max])])
+        for m in mag.tolist():
+            t = torch.full((1 << 15,), m)
+            up = FP8Codec._stochastic(t, f8, r).view(f8).double().mean().item()
+            lower = t[:1].to(f8).view(torch.uint8)
+            lower = lower - (lower.view(f8).float() > t[:1]).to(torch.uint8)
+            lo_v, hi_v = lower.view(f8).double().item(), (lower + 1).view(f8).double().item()
+            gap = hi_v - lo_v if m > lo_v else 1.0
+            assert abs(up - m) <= 2.0**-16 * gap * (1 + 1e-6), (fmt, m)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])

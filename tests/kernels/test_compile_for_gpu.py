@@ -1,4 +1,4 @@
-"""The sparse kernels compile for a Hopper GPU, checked without one.
+"""The sparse and quant kernels compile for a Hopper GPU, checked without one.
 
 Triton's interpreter (what CPU-only test runs use) accepts code the GPU compiler refuses, e.g. a module-level
 constant that is not a ``tl.constexpr``. Compiling ahead of time for an sm_90 target (Triton's own front end,
@@ -79,6 +79,25 @@ def check_relu_mlp_kernels_compile():
     compile_for_hopper(rt.activation_kernel, {"out_ptr": "*bf16", **payload, "n": "i64"}, consts)
 
 
+def check_quant_kernels_compile():
+    # bfloat16 in and out, packed 4-bit and 8-bit codes, both roundings: the GPU-only paths (HW) included
+    from actzip.kernels import quant_triton as qt
+
+    for bits, stochastic in ((4, True), (8, False), (4, False)):
+        geo = qt.geometry(128, 2, bits)
+        geo.pop("num_warps")
+        word = {8: "*u8", 16: "*i16", 32: "*i32", 64: "*i64"}[geo["K"] * bits] if bits < 8 else "*u8"
+        top = (1 << bits) - 1
+        enc = {"x_ptr": "*bf16", "codes_ptr": word, "p0_ptr": "*fp32", "p1_ptr": "*fp32", "n": "i64",
+               "n_rows": "i64", "key0": "i32", "key1": "i32"}
+        compile_for_hopper(qt.quant_encode_kernel, enc, dict(geo, BITS=bits, TOP=top, OFF=0, ABSMAX=False,
+                                                               STOCHASTIC=stochastic, IN_BF16=True, WIDE=False, HW=True))
+        dec = {"codes_ptr": word if bits < 8 else "*i32", "p0_ptr": "*fp32", "p1_ptr": "*fp32", "out_ptr": "*bf16",
+               "n": "i64", "n_rows": "i64", "zero": "i32"}
+        compile_for_hopper(qt.quant_decode_kernel, dec, dict(geo, BITS=bits, TOP=top, RECIP=1.0 / top, ABSMAX=False,
+                                                               OUT_BF16=True, HW=True))
+
+
 ENCODE_CASES = [(False, True, 2, True, 8), (False, False, 0, False, 2), (True, False, 0, True, 8), (True, True, 1, False, 2)]
 
 
@@ -86,6 +105,8 @@ def _main(case: str) -> None:
     if case == "encode":
         for args in ENCODE_CASES:
             check_single_pass_encoder_compiles(*args)
+    elif case == "quant":
+        check_quant_kernels_compile()
     elif case == "two-pass":
         for sign_pack in (False, True):
             check_two_pass_and_decode_kernels_compile(sign_pack)
@@ -94,7 +115,7 @@ def _main(case: str) -> None:
     print("COMPILED")
 
 
-@pytest.mark.parametrize("case", ["encode", "two-pass", "relu-mlp"])
+@pytest.mark.parametrize("case", ["encode", "two-pass", "relu-mlp", "quant"])
 def test_kernels_compile_for_hopper(case):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,9 +1,10 @@
 """The quant and fp8 codecs' Triton kernels against their PyTorch implementation, bit for bit.
 
 Every case runs on the CPU under Triton's interpreter (see conftest.py) and on CUDA when there is a GPU. The
-kernels compute in float32 only and move bfloat16 and fp8 values as bits, so the interpreter (whose bfloat16
-arithmetic and float32 -> bfloat16 conversion differ from PyTorch's) computes the same bits as a GPU and
-everything is compared exactly on both. Stored buffers are compared bitwise (NaN parameters included); decoded
+kernels compute in float32 (minima and maxima, which are exact, in the input dtype on a GPU) and make fp8 codes
+with integer operations; where the interpreter's bfloat16 handling differs from PyTorch's they take an exact
+equivalent (``HW`` false), so the interpreter computes the same bits as a GPU and everything is compared exactly
+on both. Stored buffers are compared bitwise (NaN parameters included); decoded
 tensors bitwise except that any NaN matches any NaN (PyTorch's own CPU conversions to bfloat16 write NaN
 with different bits).
 """
@@ -18,13 +19,14 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'actz
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from test_sparse_triton import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
 
 from actzip.codecs import quant as Q  # noqa: E402
 from actzip.codecs.quant import FP8Codec, QuantCodec  # noqa: E402
 from actzip.core.errors import ConfigError, InvalidValueError  # noqa: E402
+from actzip.kernels import quant_bits as KB  # noqa: E402
 from actzip.kernels import quant_triton as K  # noqa: E402
 from actzip.kernels import runtime  # noqa: E402
-from test_sparse_triton import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
 
 # Arithmetic on padding rows and on inf/NaN groups is what the format asks for; numpy (the interpreter) warns.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
@@ -211,37 +213,93 @@ def test_random_stream_advances_and_matches(device):
     assert not torch.equal(first[0].cpu(), second[0].cpu())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_launch_shapes_make_the_same_bytes(device, dtype):
+    # Several tiles, most of them whole (the unmasked path), and a partial last group.
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5 * 1024 + 77, generator=g).mul(3).to(dtype).to(device)
+    shapes = [{"tile": 256, "warps": 1, "group_threads": 1}, {"tile": 1024, "warps": 2, "group_threads": 8},
+              {"tile": 8192, "warps": 8, "group_threads": 2}]  # fmt: skip
+    configs = {128: [(4, False, True), (8, True, False), (1, False, True)], 24: [(2, False, False)]}
+    for gs in (128, 24):
+        for bits, absmax, stochastic in configs[gs]:
+            args = (bits, gs, absmax, stochastic, (3, 4))
+            ref = K.quant_encode(x, *args)
+            params = (ref["absmax"], None) if absmax else (ref["lo"], ref["span"])
+            y = K.quant_decode(ref["codes"], *params, x.numel(), dtype, bits, gs, absmax)
+            for shape in shapes:
+                buf = K.quant_encode(x, *args, **shape)
+                for k in ref:
+                    assert_same_bits(buf[k], ref[k], f"{k} {args} {shape}")
+                y2 = K.quant_decode(ref["codes"], *params, x.numel(), dtype, bits, gs, absmax, **shape)
+                assert_same_values(y2, y)
+        for group in (gs, None) if gs == 128 else ():
+            codes, scale = K.fp8_encode(x, "e4m3", group, True, (5, 6))
+            y = K.fp8_decode(codes, scale, x.numel(), dtype, "e4m3", group)
+            for shape in shapes:
+                c2, s2 = K.fp8_encode(x, "e4m3", group, True, (5, 6), **shape)
+                assert_same_bits(c2, codes) and assert_same_bits(s2, scale)
+                assert_same_values(K.fp8_decode(codes, scale, x.numel(), dtype, "e4m3", group, **shape), y)
+    with pytest.raises(ConfigError, match="tile must be a power of two"):
+        K.quant_encode(x, 4, 128, False, True, tile=3000)
+
+
 # -- the device helpers, one by one -----------------------------------------------------------------------
 
 
 @triton.jit
-def _uniform_kernel(out_ptr, n, key0, key1, BLOCK: tl.constexpr):
-    idx = tl.arange(0, BLOCK).to(tl.int64) * 0x1_0000_0001 + 12345  # indices above 2**32 too
-    tl.store(out_ptr + tl.arange(0, BLOCK), K._uniform24(idx, key0, key1), mask=tl.arange(0, BLOCK) < n)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_kernel_uniforms_are_the_codec_uniforms(device):
-    assert (K.HASH_M1, K.HASH_M2) == (Q.HASH_M1, Q.HASH_M2)
-    for count in range(3):
-        keys = Q.stream_keys(11, count)
-        out = torch.empty(256, device=device)
-        _uniform_kernel[(1,)](out, 256, K._signed(keys[0]), K._signed(keys[1]), BLOCK=256)
-        index = torch.arange(256, dtype=torch.int64) * 0x1_0000_0001 + 12345
-        assert torch.equal(out.cpu(), Q.hash_uniform(index, keys))
+def _pair_bits_kernel(pairs_ptr, out_ptr, key0, key1, BLOCK: tl.constexpr):
+    p = tl.load(pairs_ptr + tl.arange(0, BLOCK))
+    k1 = key1.to(tl.uint32, bitcast=True) ^ KB.mix32((p >> 32).to(tl.uint32))
+    h = KB.pair_bits(p.to(tl.uint32) + key0.to(tl.uint32, bitcast=True), k1)
+    tl.store(out_ptr + 2 * tl.arange(0, BLOCK), (h >> 17).to(tl.int64))
+    tl.store(out_ptr + 2 * tl.arange(0, BLOCK) + 1, (h & 0x7FFF).to(tl.int64))
 
 
 @triton.jit
-def _fp8_helpers_kernel(mag_ptr, near_ptr, low_ptr, val_ptr, scale_ptr, n, MBITS: tl.constexpr,
-                        BIAS: tl.constexpr, SUB_UNIT: tl.constexpr, TOP_E: tl.constexpr, TOP_FRAC: tl.constexpr,
+def _random_bits_kernel(out_ptr, start, key0, key1, NS: tl.constexpr, BG: tl.constexpr, CP: tl.constexpr,
+                        KC: tl.constexpr, G: tl.constexpr, WIDE: tl.constexpr):  # fmt: skip
+    # The tile's element offsets as quant_triton._tile makes them (whole groups of NS * CP chunks of KC).
+    offs = (tl.arange(0, NS)[:, None, None, None] * CP + tl.arange(0, BG)[None, :, None, None] * (G // KC)
+            + tl.arange(0, CP)[None, None, :, None]) * KC + tl.arange(0, KC)[None, None, None, :]  # fmt: skip
+    tl.store(out_ptr + offs, K._random_bits(start.to(tl.int64), offs, key0, key1, NS, BG, CP, KC, WIDE))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_random_bits_are_the_codec_bits(device):
+    assert (KB.HASH_M1, KB.HASH_M2) == (Q.HASH_M1, Q.HASH_M2)
+    for count in range(3):
+        keys = Q.stream_keys(11, count)
+        k = (K._signed(keys[0]), K._signed(keys[1]))
+        pairs = torch.arange(256, dtype=torch.int64) * 0x1_0000_0001 + 12345  # high parts too
+        out = torch.empty(512, dtype=torch.int64, device=device)
+        _pair_bits_kernel[(1,)](pairs.to(device), out, *k, BLOCK=256)
+        assert torch.equal(out.cpu().view(256, 2), Q.round_bits(pairs, keys))
+        # A tile's bits, from its start: below 2**33 elements, and across it (the per-pair high part).
+        geo = {"NS": 2, "BG": 4, "CP": 2, "KC": 8, "G": 32}
+        for start, wide in [(0, False), (96, False), ((1 << 33) - 64, True), (1 << 33, False)]:
+            out = torch.empty(128, dtype=torch.int32, device=device)
+            _random_bits_kernel[(1,)](out, start, *k, WIDE=wide, **geo)
+            ref = Q.round_bits(torch.arange(start // 2, start // 2 + 64, dtype=torch.int64), keys).view(-1)
+            assert torch.equal(out.cpu().to(torch.int64), ref), (start, wide)
+    # The codec's own stream: its first pairs.
+    x = torch.zeros(10)
+    assert torch.equal(Q._round_bits_like(x, keys), Q.round_bits(torch.arange(5), keys).view(-1))
+
+
+@triton.jit
+def _fp8_helpers_kernel(mag_ptr, r_ptr, near_ptr, sr_ptr, val_ptr, scale_ptr, n, MBITS: tl.constexpr,
+                        BIAS: tl.constexpr, TOP_E: tl.constexpr, TOP_FRAC: tl.constexpr,
                         BLOCK: tl.constexpr):  # fmt: skip
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     mb = tl.load(mag_ptr + offs, mask=m, other=0.0).to(tl.int32, bitcast=True)
-    tl.store(near_ptr + offs, K._fp8_round(mb, MBITS, BIAS, True), mask=m)
-    tl.store(low_ptr + offs, K._fp8_round(mb, MBITS, BIAS, False), mask=m)
-    tl.store(val_ptr + offs, K._fp8_value(offs & 0x7F, MBITS, BIAS, SUB_UNIT), mask=m)
-    tl.store(scale_ptr + offs, K._fp8_scale(mb.to(tl.float32, bitcast=True), TOP_E, TOP_FRAC), mask=m)
+    tl.store(near_ptr + offs, KB.fp8_round(mb, MBITS, BIAS), mask=m)
+    r = tl.load(r_ptr + offs, mask=m, other=0)
+    tl.store(sr_ptr + offs, KB.fp8_round_stochastic(mb, r, MBITS, BIAS), mask=m)
+    tl.store(val_ptr + offs, KB.fp8_value(offs & 0xFF, MBITS, BIAS), mask=m)
+    tl.store(scale_ptr + offs, KB.fp8_scale(mb.to(tl.float32, bitcast=True), TOP_E, TOP_FRAC), mask=m)
 
 
 def _magnitudes(f8: torch.dtype, fmax: float) -> torch.Tensor:
@@ -266,16 +324,16 @@ def _absmax_values() -> torch.Tensor:
     return torch.cat([near, wide, torch.tensor([0.0, torch.finfo(torch.float32).max])])
 
 
-def _run_helpers(x: torch.Tensor, fmt: str, device):
+def _run_helpers(x: torch.Tensor, r: torch.Tensor, fmt: str, device):
     mbits, bias, fmax = K.FP8_LAYOUT[fmt]
     top_m, top_e = math.frexp(fmax)
     n = x.numel()
-    near, low = (torch.empty(n, dtype=torch.int32, device=device) for _ in range(2))
+    near, sr = (torch.empty(n, dtype=torch.int32, device=device) for _ in range(2))
     val, scale = (torch.empty(n, device=device) for _ in range(2))
-    _fp8_helpers_kernel[(-(-n // 512),)](x.to(device), near, low, val, scale, n, MBITS=mbits, BIAS=bias,
-                                         SUB_UNIT=2.0 ** (1 - bias - mbits), TOP_E=top_e,
-                                         TOP_FRAC=int((2 * top_m - 1) * 2**23), BLOCK=512)  # fmt: skip
-    return near.cpu(), low.cpu(), val.cpu(), scale.cpu()
+    _fp8_helpers_kernel[(-(-n // 512),)](x.to(device), r.to(device), near, sr, val, scale, n, MBITS=mbits,
+                                         BIAS=bias, TOP_E=top_e, TOP_FRAC=int((2 * top_m - 1) * 2**23),
+                                         BLOCK=512)  # fmt: skip
+    return near.cpu(), sr.cpu(), val.cpu(), scale.cpu()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -284,22 +342,24 @@ def test_fp8_conversions_and_scale_match_pytorch(device, fmt):
     f8 = Q.FP8_FORMATS[fmt]
     assert K.FP8_LAYOUT[fmt][2] == torch.finfo(f8).max
     mag = _magnitudes(f8, torch.finfo(f8).max)
-    near, low, val, _ = _run_helpers(mag, fmt, device)
-    ref_near = mag.to(f8).view(torch.uint8).to(torch.int32)
-    assert torch.equal(near, ref_near)
-    # The lower neighbour: the largest fp8 value not above the magnitude.
-    assert torch.equal(low, ref_near - (ref_near.to(torch.uint8).view(f8).float() > mag).to(torch.int32))
-    ref_val = (torch.arange(mag.numel()) & 0x7F).to(torch.uint8).view(f8).float()
-    assert_same_values(val, ref_val)
+    g = torch.Generator().manual_seed(3)
+    for r in (torch.zeros_like(mag, dtype=torch.int32), torch.full_like(mag, 0x7FFF, dtype=torch.int32),
+              torch.randint(0, 1 << 15, mag.shape, generator=g, dtype=torch.int32)):  # fmt: skip
+        near, sr, val, _ = _run_helpers(mag, r, fmt, device)
+        assert torch.equal(near, mag.to(f8).view(torch.uint8).to(torch.int32))
+        # Stochastic rounding in integers is the codec's float formulation, for the same random integers.
+        assert torch.equal(sr, FP8Codec._stochastic(mag, f8, r.to(torch.int64)).to(torch.int32))
+    # Every code's value, both signs (0x80 is -0.0 and stays so).
+    assert_same_values(val[:256], torch.arange(256).to(torch.uint8).view(f8).float())
     amax = _absmax_values()
-    *_, scale = _run_helpers(amax, fmt, device)
+    *_, scale = _run_helpers(amax, torch.zeros_like(amax, dtype=torch.int32), fmt, device)
     assert torch.equal(scale, FP8Codec._scales(amax, f8))
 
 
 @triton.jit
-def _bf16_store_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _bf16_store_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, HW: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    K._store_f32(out_ptr, offs, tl.load(x_ptr + offs, mask=offs < n), offs < n, True)
+    K._store_f32(out_ptr, offs, tl.load(x_ptr + offs, mask=offs < n), offs < n, True, HW)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -308,7 +368,7 @@ def test_bfloat16_store_rounds_like_pytorch(device):
     x = torch.randint(-(2**31), 2**31 - 1, (4096,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
     x = torch.cat([x, torch.tensor([math.inf, -math.inf, 3.3961e38, -0.0, 1e-45])])
     out = torch.empty(x.numel(), dtype=torch.int16, device=device)
-    _bf16_store_kernel[(-(-x.numel() // 1024),)](x.to(device), out, x.numel(), BLOCK=1024)
+    _bf16_store_kernel[(-(-x.numel() // 1024),)](x.to(device), out, x.numel(), BLOCK=1024, HW=not K.INTERPRETED)
     assert_same_values(out.cpu().view(torch.bfloat16), x.to(torch.bfloat16))
 
 

@@ -8,10 +8,16 @@ tensor. The copy bandwidth (bytes read + written by a large device-to-device cop
 
 Each variant is also checked against the PyTorch codec (``kernel="torch"``) on a smaller tensor: identical
 payload buffers and decoded bits (``exact``), and the PyTorch code's own throughput there, for comparison.
+
+The launch-shape sweep (``sweep`` in the record) times the quant kernels themselves
+(:func:`actzip.kernels.quant_triton.quant_encode` / ``quant_decode``) for each of ``sweep_variants`` on a
+``sweep_dtype`` tensor at each ``(tile, warps, group_threads)`` of ``sweep``, each as a fraction of the same
+copy bandwidth, and checks that every shape writes the same bytes as the default one (``same_bytes``).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import torch
@@ -24,6 +30,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "quant4-rn": ("quant", {"bits": 4, "rounding": "nearest"}),
     "quant4-absmax-sr": ("quant", {"bits": 4, "scale": "absmax"}),
     "quant8-rn": ("quant", {"bits": 8, "rounding": "nearest"}),
+    "quant8-sr": ("quant", {"bits": 8}),
     "quant2-sr": ("quant", {"bits": 2}),
     "quant1-sr": ("quant", {"bits": 1}),
     "fp8-e4m3-tensor": ("fp8", {"format": "e4m3"}),
@@ -39,13 +46,26 @@ class QuantKernelBenchConfig:
     dtypes: tuple[str, ...] = ("bfloat16", "float32")  # tensor dtypes
     variants: tuple[str, ...] = tuple(VARIANTS)  # keys of VARIANTS
     group_size: int = 128  # elements per group (quant, and fp8 with granularity="group")
+    # Launch shapes: (elements per program, warps, threads per group) for these quant variants on this dtype
+    # (see actzip.kernels.quant_triton.geometry: threads per group rise to fill the program when needed).
+    sweep_variants: tuple[str, ...] = ("quant4-sr", "quant4-rn", "quant8-sr", "quant8-rn")
+    sweep_dtype: str = "bfloat16"
+    sweep: tuple[tuple[int, int, int], ...] = (
+        (2048, 2, 4), (4096, 2, 2), (4096, 4, 4), (4096, 4, 8), (8192, 4, 2), (8192, 8, 4), (16384, 8, 4),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        unknown = [v for v in self.variants if v not in VARIANTS]
+        unknown = [v for v in (*self.variants, *self.sweep_variants) if v not in VARIANTS]
         if unknown:
             raise ConfigError(f"unknown variant(s) {', '.join(unknown)}; variants: {', '.join(VARIANTS)}")
+        not_quant = [v for v in self.sweep_variants if VARIANTS[v][0] != "quant"]
+        if not_quant:
+            raise ConfigError(f"sweep_variants must be quant variants, got {', '.join(not_quant)}")
         if self.numel < 1 or self.check_numel < 1:
             raise ConfigError(f"numel and check_numel must be >= 1, got {self.numel} and {self.check_numel}")
+        for shape in self.sweep:
+            if len(shape) != 3 or any(not isinstance(v, int) or v < 1 or v & (v - 1) for v in shape):
+                raise ConfigError(f"sweep entries are (tile, warps, group_threads), powers of two; got {shape!r}")
 
 
 def _codecs(variant: str, group_size: int):
@@ -77,6 +97,50 @@ def _encode_decode_times(codec, x: torch.Tensor) -> tuple[float, float, int]:
     return _time(lambda: codec.encode(x)), _time(lambda: codec.decode(p)), p.nbytes
 
 
+def _sweep_decode(buf: dict, n: int, dtype: torch.dtype, args: tuple, shape: dict | None = None) -> torch.Tensor:
+    from actzip.kernels import quant_triton as K
+
+    bits, group_size, absmax = args[:3]
+    params = (buf["absmax"], None) if absmax else (buf["lo"], buf["span"])
+    return K.quant_decode(buf["codes"], *params, n, dtype, bits, group_size, absmax, **(shape or {}))
+
+
+def _sweep(cfg: QuantKernelBenchConfig, device: torch.device, bw: float) -> list[dict]:
+    """Encode/decode throughput of the quant kernels per launch shape (see the module docstring)."""
+    from actzip.kernels import quant_triton as K
+
+    dtype = getattr(torch, cfg.sweep_dtype)
+    g = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(cfg.numel, device=device, generator=g).to(dtype)
+    small = torch.randn(cfg.check_numel, device=device, generator=g).to(dtype)
+    dense = x.numel() * x.element_size()
+    rows = []
+    for variant in cfg.sweep_variants:
+        opts = VARIANTS[variant][1]
+        bits, absmax = opts.get("bits", 4), opts.get("scale", "minmax") == "absmax"
+        stochastic = opts.get("rounding", "stochastic") == "stochastic"
+        args = (bits, cfg.group_size, absmax, stochastic, (12345, 67890))
+
+        ref = K.quant_encode(small, *args)
+        ref_y = _sweep_decode(ref, small.numel(), dtype, args)
+        for tile, warps, lanes in cfg.sweep:
+            shape = {"tile": tile, "warps": warps, "group_threads": lanes}
+            buf = K.quant_encode(small, *args, **shape)
+            same = all(torch.equal(buf[k].view(torch.uint8), ref[k].view(torch.uint8)) for k in ref)
+            y = _sweep_decode(ref, small.numel(), dtype, args, shape)
+            same = same and torch.equal(y.view(torch.uint8), ref_y.view(torch.uint8))
+            buf = K.quant_encode(x, *args, **shape)
+            moved = dense + sum(t.numel() * t.element_size() for t in buf.values())
+            t_enc = _time(functools.partial(K.quant_encode, x, *args, **shape))
+            t_dec = _time(functools.partial(_sweep_decode, buf, x.numel(), dtype, args, shape))
+            rows.append({
+                "dtype": cfg.sweep_dtype, "variant": variant, "tile": tile, "warps": warps, "group_threads": lanes,
+                "same_bytes": same, "encode_s": t_enc, "decode_s": t_dec,
+                "encode_frac_copy": moved / t_enc / bw, "decode_frac_copy": moved / t_dec / bw,
+            })  # fmt: skip
+    return rows
+
+
 def run_quant_kernels(cfg: QuantKernelBenchConfig, device: torch.device) -> dict:
     from actzip.bench.harness import copy_bandwidth, machine_record
 
@@ -102,4 +166,6 @@ def run_quant_kernels(cfg: QuantKernelBenchConfig, device: torch.device) -> dict
                 "torch_encode_bw": small_moved / t_ref_enc, "torch_decode_bw": small_moved / t_ref_dec,
             })  # fmt: skip
         del x, small
-    return {"config": asdict(cfg), "copy_bandwidth": bw, "runs": rows, "machine": machine_record(device)}
+    sweep = _sweep(cfg, device, bw) if cfg.sweep else []
+    record = {"config": asdict(cfg), "copy_bandwidth": bw, "runs": rows, "sweep": sweep}
+    return {**record, "machine": machine_record(device)}

@@ -11,13 +11,17 @@ group is padded by repeating the last element, which leaves its range unchanged.
   as in :mod:`actzip.codecs.bitpack`: code ``i`` is bits ``[k, k + bits)`` of byte ``bits*i // 8``,
   ``k = bits*i % 8``;
 - ``scale="minmax"``: ``lo`` (group minimum) and ``span`` (maximum - minimum) per group; element
-  ``lo + span * (q / L)``, step ``s = span / L``;
+  ``lo + span * (q * (1/L))``, step ``s = span / L``;
 - ``scale="absmax"``: ``absmax`` per group, codes offset by ``Q = 2**(bits-1) - 1``; element
-  ``absmax * ((q - Q) / Q)``, step ``s = absmax / Q``, codes in ``[0, 2Q]``.
+  ``absmax * ((q - Q) * (1/Q))``, step ``s = absmax / Q``, codes in ``[0, 2Q]``.
 
-Storing the span / absmax rather than the step makes a group's minimum (minmax) or its largest-magnitude
-elements (absmax) decode exactly (their code fraction is exactly 0 or +-1), and a constant group decode
-exactly to its constant.
+``1/L`` and ``1/Q`` are the working precision's rounded reciprocals (one multiplication per element, no
+division); ``L * (1/L)`` rounds to exactly 1 for every ``L`` here, so storing the span / absmax rather than the
+step makes a group's minimum (minmax) or its largest-magnitude elements (absmax) decode exactly (their code
+fraction is exactly 0 or +-1), a constant group decode exactly to its constant, and the top code decode to
+``lo + span``. Encoding divides once per group: ``v = (x - lo) * (L / span)`` (or ``x * (Q / absmax)``), in
+steps, then rounds ``v`` to a code. A span (absmax) below ``2**-64`` first scales ``x - lo`` (``x``) and itself
+by ``2**64``, exactly, so that the factor stays finite.
 
 ``fp8`` format: ``codes``, the raw bytes of ``x / scale`` in ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``,
 and ``scale`` per group (or one for the tensor). The scale is the smallest power of two that brings the
@@ -32,22 +36,26 @@ numbers. ``quant(scale="minmax")`` also needs ``max - min`` of each group to be 
 precision (values below half the largest float32, or float64, in magnitude always are); a group that
 overflows is refused, or becomes NaN, the same way.
 
-Stochastic rounding draws its uniforms from a counter-based generator, the same in the PyTorch code and in the
-Triton kernels (:mod:`actzip.kernels.quant_triton`), so both make identical payloads. Element ``i`` (its index in
-the padded group layout: group ``g``, position ``j``, ``i = g * group_size + j``) gets
-``u = (h >> 8) / 2**24`` with ``h = mix(mix(lo32(i) ^ k0) ^ hi32(i) ^ k1)``, where ``mix`` is the 32-bit
-integer hash of :func:`mix32` and ``(k0, k1)`` are two 32-bit keys that :func:`stream_keys` derives on the
-host from ``(seed, n)`` for the codec's ``n``-th stochastic encode (``seed=None`` means 0). No device RNG is
-used, no host synchronization is needed, and the global RNG is never touched, so compressing activations does
-not change a training run's randomness. A payload is reproducible for the same seed and call order, on any
-device.
+Stochastic rounding draws its random numbers from a counter-based generator, the same in the PyTorch code and
+in the Triton kernels (:mod:`actzip.kernels.quant_triton`), so both make identical payloads. Elements ``2p``
+and ``2p + 1`` (indices in the padded group layout: group ``g``, position ``j``, ``i = g * group_size + j``)
+share one 32-bit hash ``h = pair_hash(lo32(p + k0), k1 ^ mix32(hi32(p)))`` (:func:`pair_hash`,
+:func:`mix32`) and take its bits 17-31 and 0-14 as 15-bit integers ``r`` (:func:`round_bits`), where
+``(k0, k1)`` are two 32-bit keys that :func:`stream_keys` derives on the host from ``(seed, n)`` for the
+codec's ``n``-th stochastic encode (``seed=None`` means 0). ``quant`` rounds ``v`` (plus ``Q`` for absmax) to
+15 fractional bits (``v + 256`` in float32, half to even; float64: half up), then up iff ``r`` plus that
+fraction reaches ``2**15``; ``fp8`` rounds up iff ``(r + 1/2) / 2**15`` is below the exact fraction of the gap
+to the next fp8 value. Either way ``P(round up)`` is the fraction to within ``2**-16``: stochastic rounding is
+unbiased up to ``2**-16`` of a step (gap) per element. No device RNG is used, no host synchronization is
+needed, and the global RNG is never touched, so compressing activations does not change a training run's
+randomness. A payload is reproducible for the same seed and call order, on any device.
 
 Implementations (option ``kernel``, as for the sparse codec): the PyTorch code in this module, which is the
 reference, and the Triton kernels, which make identical buffers for float32, float16 and bfloat16 tensors
 with groups of at most :data:`KERNEL_MAX_GROUP` elements. Both compute every step in the same IEEE float32
 operations (a division by a tensor, never by a Python number, which PyTorch on CUDA replaces by a
-multiplication with the reciprocal), store a +0.0 for a -0.0 group parameter, and write zero codes and NaN
-parameters for the groups of a non-finite input.
+multiplication with the reciprocal; no fused multiply-add), mirror each integer step, store a +0.0 for a -0.0
+group parameter, and write zero codes and NaN parameters for the groups of a non-finite input.
 """
 
 from __future__ import annotations
@@ -100,21 +108,48 @@ def mix32(h: torch.Tensor) -> torch.Tensor:
 
 
 def hash_uniform(index: torch.Tensor, keys: tuple[int, int]) -> torch.Tensor:
-    """float32 uniforms in ``[0, 1)`` on the grid of ``2**-24``, one per int64 element ``index`` (see above)."""
+    """float32 uniforms in ``[0, 1)`` on the grid of ``2**-24``, one per int64 element ``index``:
+    ``(mix32(mix32(lo32(i) ^ k0) ^ hi32(i) ^ k1) >> 8) / 2**24`` (used by the sketch codec's sign matrices)."""
     h = mix32((index & _M32) ^ keys[0])
     h ^= (index >> 32) ^ keys[1]
     return (mix32(h) >> 8).to(torch.float32).mul_(2.0**-24)
 
 
-def _uniform_like(v: torch.Tensor, keys: tuple[int, int]) -> torch.Tensor:
-    """One uniform per element of ``v`` (the padded group layout), indexed in memory order."""
-    index = torch.arange(v.numel(), dtype=torch.int64, device=v.device).view(v.shape)
-    return hash_uniform(index, keys).to(v.dtype)
+def pair_hash(counter: torch.Tensor, k1: int | torch.Tensor) -> torch.Tensor:
+    """A 32-bit hash of int64 ``counter`` values < 2**32, in place: :func:`mix32` without its first
+    xorshift, ``k1`` xored in after the first multiplication (the Triton kernels' ``pair_bits``).
+
+    Six GPU instructions per pair of elements rather than sixteen per element for two mix32 rounds; the
+    rounding decisions it drives stay uncorrelated (below 0.2%) between elements up to 2**21 apart.
+    """
+    h = counter.mul_(HASH_M1).bitwise_and_(_M32)
+    h ^= (h >> 15) ^ k1
+    h.mul_(HASH_M2).bitwise_and_(_M32)
+    h ^= h >> 15
+    return h
 
 
-def _divide(t: torch.Tensor, k: int) -> torch.Tensor:
-    """``t / k`` correctly rounded, in place: by a device tensor, which PyTorch does not turn into ``t * (1/k)``."""
-    return t.div_(torch.full((), k, dtype=t.dtype, device=t.device))
+def round_bits(pairs: torch.Tensor, keys: tuple[int, int], wide: bool = True) -> torch.Tensor:
+    """The 15-bit random integers of stochastic rounding (int64, shape ``pairs.shape + (2,)``) of elements
+    ``2p`` and ``2p + 1``, for int64 pair indices ``p``: bits 17-31 and 0-14 of
+    ``h = pair_hash(lo32(p + k0), k1 ^ mix32(hi32(p)))``. ``wide=False`` when every ``p < 2**32`` (mix32(0) is 0).
+    """
+    k1 = mix32(pairs >> 32).bitwise_xor_(keys[1]) if wide else keys[1]
+    h = pair_hash((pairs + keys[0]).bitwise_and_(_M32), k1)
+    return torch.stack([h >> 17, h & 0x7FFF], dim=-1)
+
+
+def _round_bits_like(t: torch.Tensor, keys: tuple[int, int]) -> torch.Tensor:
+    """One 15-bit random integer per element of ``t`` (the padded group layout, in memory order)."""
+    n = t.numel()
+    pairs = torch.arange((n + 1) // 2, dtype=torch.int64, device=t.device)
+    return round_bits(pairs, keys, wide=n > 1 << 33).view(-1)[:n].view(t.shape)
+
+
+def _reciprocal(k: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``1 / k`` correctly rounded in ``dtype``, as a 0-dim tensor (a tensor division: PyTorch on CUDA turns a
+    division by a Python number into a multiplication by its reciprocal)."""
+    return torch.ones((), dtype=dtype, device=device).div_(torch.full((), k, dtype=dtype, device=device))
 
 
 def _choices(codec: str, option: str, value, valid) -> None:
@@ -243,9 +278,12 @@ class QuantCodec(_StochasticCodec):
 
     Guarantee, elementwise, with ``s`` the group's step (``span / L`` or ``absmax / Q``):
     ``|decode(encode(x)) - x| < s`` with stochastic rounding and ``<= s / 2`` with nearest rounding, in exact
-    arithmetic. The working precision adds a few of its ulps of the group's absmax, and float16/bfloat16
-    results are rounded to their dtype (half an ulp of the decoded value more). Stochastic rounding is
-    unbiased up to the same two roundings. A group's minimum (minmax), its largest-magnitude elements
+    arithmetic. The working precision adds a few of its ulps of the group's absmax (the rounded factor
+    ``L / span`` and products on encode, the rounded ``1/L`` and products on decode: a few ``2**-24`` relative,
+    so ``v`` may land a hair beyond ``L`` or ``+-Q`` before rounding; codes are clamped to their range), and
+    float16/bfloat16 results are rounded to their dtype (half an ulp of the decoded value more). Stochastic
+    rounding is unbiased up to the same roundings and up to ``2**-16`` of a step (its random numbers have 15
+    bits: ``|P(round up) - frac| <= 2**-16``). A group's minimum (minmax), its largest-magnitude elements
     (absmax) and every element of a constant group decode exactly.
     """
 
@@ -286,14 +324,20 @@ class QuantCodec(_StochasticCodec):
             "kernel": self.kernel,
         }
 
-    def _round(self, v: torch.Tensor, keys: tuple[int, int]) -> torch.Tensor:
-        """Round ``v`` (a fresh tensor, modified in place) to integers, nearest or stochastically."""
+    def _round(self, v: torch.Tensor, off: int, keys: tuple[int, int]) -> torch.Tensor:
+        """``v + off`` (``v`` a fresh tensor in ``[-off, TOP]`` up to roundings, modified in place) rounded to
+        int64, to nearest (half to even) or stochastically."""
         if self.rounding == "nearest":
-            return v.round_()
-        floor = torch.floor(v)
-        frac = v.sub_(floor)
-        # P(round up) = frac exactly (to the uniform's 2**-24 grid): unbiased, unlike floor(v + u) whose sum rounds.
-        return floor.add_(_uniform_like(frac, keys) < frac)
+            return v.round_().to(torch.int64).add_(off)
+        # v + off + 256 lies in [256, 512), where float32 counts steps of 2**-15 (float64: 2**-44, rounded to
+        # 2**-15 here): its bits minus 256's are (v + off) * 2**15 rounded. Adding 15 random bits carries into
+        # the integer part with probability the fraction: P(round up) = frac to within 2**-16.
+        t = v.add_(256 + off)
+        if t.dtype == torch.float32:
+            fixed = t.view(torch.int32).to(torch.int64).sub_(0x43800000)
+        else:
+            fixed = t.view(torch.int64).sub_(0x4070000000000000 - (1 << 28)).bitwise_right_shift_(29)
+        return fixed.add_(_round_bits_like(v, keys)).bitwise_right_shift_(15)
 
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
         self.check(x, name)
@@ -327,13 +371,18 @@ class QuantCodec(_StochasticCodec):
         ok = torch.isfinite(param)
         if self.check_values:
             self._refuse_non_finite(~ok, flat, name, what)
-        safe = torch.where(param > 0, param, 1).unsqueeze(1)  # constant groups: every v is 0 (minmax) or +-Q
+        safe = torch.where(param > 0, param, 1)  # constant groups: every v is 0 (minmax) or +-Q
+        # One division per group, then multiplications: v = (x - lo) * (top / span) or x * (top / absmax).
+        # A span below 2**-64 scales everything by 2**64 first (exactly), so that top / span stays finite.
+        pre = torch.where(safe < 2.0**-64, 2.0**64, 1.0).to(safe.dtype)
+        factor = torch.full_like(safe, top).div_(safe * pre).unsqueeze(1)
+        v = groups * pre.unsqueeze(1)
         if self.scale == "minmax":
-            v = (groups - lo.unsqueeze(1)).div_(safe).mul_(top)
-            q = self._round(v, keys).clamp_(0, top)
+            v.sub_((lo * pre).unsqueeze(1))  # exactly (x - lo) * pre rounded, as the kernels' fma
+            off = 0
         else:
-            v = (groups / safe).mul_(top)
-            q = self._round(v, keys).clamp_(-top, top).add_(top)  # round, then offset: half-to-even stays symmetric
+            off = top  # round, then offset: half-to-even stays symmetric
+        q = self._round(v.mul_(factor), off, keys).clamp_(0, top + off)
         if not self.check_values:  # a non-finite group: zero codes (deterministic), NaN parameters
             q = torch.where(ok.unsqueeze(1), q, 0)
             param = torch.where(ok, param, torch.nan)
@@ -365,12 +414,14 @@ class QuantCodec(_StochasticCodec):
         work = _work_dtype(p.dtype)
         codes = p.buffers["codes"]
         q = unpack_bits(codes, codes.numel() * 8 // bits, bits, torch.uint8).view(-1, group_size).to(work)
+        # q * fl(1 / top), no division per element: fl(top * fl(1 / top)) == 1 for every top here, so the top
+        # code gives lo + span and +-Q gives +-absmax exactly. No fused multiply-add.
         if scale == "minmax":
-            # q / L is exactly 1 at the top code, so the maximum comes back as lo + span; no fused multiply-add.
-            y = _divide(q, (1 << bits) - 1).mul_(p.buffers["span"].unsqueeze(1)).add_(p.buffers["lo"].unsqueeze(1))
+            recip = _reciprocal((1 << bits) - 1, work, q.device)
+            y = q.mul_(recip).mul_(p.buffers["span"].unsqueeze(1)).add_(p.buffers["lo"].unsqueeze(1))
         else:
             top = (1 << (bits - 1)) - 1
-            y = _divide(q.sub_(top), top).mul_(p.buffers["absmax"].unsqueeze(1))
+            y = q.sub_(top).mul_(_reciprocal(top, work, q.device)).mul_(p.buffers["absmax"].unsqueeze(1))
         return y.reshape(-1)
 
 
@@ -384,7 +435,7 @@ class FP8Codec(_StochasticCodec):
       granularity: ``"tensor"`` (one scale) or ``"group"`` (one per ``group_size`` elements).
       group_size: elements per group with ``granularity="group"`` (a positive multiple of 8).
       rounding: ``"nearest"`` (the cast's round half to even) or ``"stochastic"`` (one of the two neighbouring
-        fp8 values, chosen so that ``E[decode(encode(x))] == x``).
+        fp8 values, chosen so that ``E[decode(encode(x))] == x`` to within ``2**-16`` of their gap).
       seed, check, kernel: as for ``quant`` (the kernels take groups of at most :data:`KERNEL_MAX_GROUP`
         elements, and one scale per tensor of any size).
 
@@ -441,8 +492,10 @@ class FP8Codec(_StochasticCodec):
         return torch.where(absmax > 0, scale, 1.0)
 
     @staticmethod
-    def _stochastic(t: torch.Tensor, fp8: torch.dtype, keys: tuple[int, int]) -> torch.Tensor:
-        """Bytes of ``t`` rounded to a neighbouring fp8 value, up with probability (|t| - lower) / gap."""
+    def _stochastic(t: torch.Tensor, fp8: torch.dtype, r: torch.Tensor) -> torch.Tensor:
+        """Bytes of ``t`` rounded to a neighbouring fp8 value: up iff ``(r + 1/2) / 2**15 < frac``, ``r`` the
+        15-bit random integers (one per element), ``frac = (|t| - lower) / gap`` exactly, so
+        P(round up) = frac to within 2**-16."""
         mag = t.abs()
         near = mag.to(fp8).view(torch.uint8)  # a neighbour of |t| (rounded to nearest)
         lower = near - (near.view(fp8).to(t.dtype) > mag).to(torch.uint8)  # step 1 ulp down if it was above
@@ -450,7 +503,8 @@ class FP8Codec(_StochasticCodec):
         upper = lower + (lower_v < mag).to(torch.uint8)  # positive patterns are ordered like their values
         gap = upper.view(fp8).to(t.dtype) - lower_v
         frac = (mag - lower_v).div_(torch.where(gap > 0, gap, 1))
-        bits = lower + (_uniform_like(frac, keys) < frac).to(torch.uint8)
+        u = r.to(t.dtype).add_(0.5).mul_(2.0**-15)
+        bits = lower + (u < frac).to(torch.uint8)
         return bits | (torch.signbit(t).to(torch.uint8) << 7)
 
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
@@ -484,7 +538,10 @@ class FP8Codec(_StochasticCodec):
             self._refuse_non_finite(~ok, flat, name, what)
         scale = self._scales(torch.where(ok, absmax, 0), fp8)
         t = groups / scale.unsqueeze(1)  # exact: a power of two, and |t| <= fp8 max
-        codes = t.to(fp8).view(torch.uint8) if self.rounding == "nearest" else self._stochastic(t, fp8, keys)
+        if self.rounding == "nearest":
+            codes = t.to(fp8).view(torch.uint8)
+        else:
+            codes = self._stochastic(t, fp8, _round_bits_like(t, keys))
         if not self.check_values:  # a non-finite group: zero codes (deterministic), a NaN scale
             codes = torch.where(ok.unsqueeze(1), codes, 0)
             scale = torch.where(ok, scale, torch.nan)

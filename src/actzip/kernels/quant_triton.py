@@ -1,29 +1,37 @@
 """Triton kernels for the lossy codecs ``quant`` and ``fp8`` (the formats are in :mod:`actzip.codecs.quant`).
 
-Encoding is one kernel launch, one program per tile of whole groups: a program loads ``BG`` groups of ``G``
-elements as a ``[BG, GP]`` block (``GP``: ``G`` rounded up to a power of two, the extra columns masked), reduces
-each row to its minimum, maximum and a NaN flag, computes the group's parameters, rounds every element (to
-nearest, or stochastically with the counter-based uniforms of :func:`actzip.codecs.quant.hash_uniform`),
-packs the codes densely and stores codes and parameters. Decoding is one launch of the same shape. fp8 with
-one scale per tensor first reduces the tensor's absmax with ``torch.aminmax`` on the device, then runs the
-same kernel on rows of :data:`ROW` elements. Buffers are sized from the shape alone and nothing waits for the
-device: no host synchronization.
+Encoding is one kernel launch, one program per tile of whole groups; decoding is one launch of the same shape.
+fp8 with one scale per tensor first reduces the tensor's absmax with ``torch.aminmax`` on the device, then runs
+the same kernel on rows of :data:`ROW` elements. Buffers are sized from the shape alone and nothing waits for
+the device: no host synchronization.
 
-The PyTorch codec (``kernel="torch"``) is the oracle, and both make the same buffers bit for bit. To get there
-every value goes through the same IEEE float32 operations as in the reference, in the same order:
+The kernels are bound by instructions per element, not memory, so the layout serves the instruction count. A
+tile is a ``[NS, BG, CP, K]`` block: ``BG`` groups (rows), each cut into ``NS * CP`` chunks of ``K`` elements
+(one 16-byte load: 8 for 16-bit dtypes, 4 for float32; at least a byte of codes). Triton gives each thread
+whole chunks, threads along ``CP`` and rows, ``NS`` in registers, so a thread holds ``NS * K`` elements of its
+group: the minimum and maximum reduce in registers (packed bfloat16/float16 instructions on a GPU) and then
+over ``CP`` threads, the group's one division is shared by those elements, and a chunk's codes pack into one
+word in the thread. Offsets inside a tile are int32 from a scalar int64 start. A group that is not a
+power-of-two number of chunks takes ``NS = 1`` and ``CP`` rounded up, the extra chunks rereading the row's first
+ones (so no minimum or maximum changes) and storing nothing. Past ``n`` the loads return element ``n - 1``: the
+padding rule. :func:`geometry` picks the shape; ``tile``, ``warps`` and ``group_threads`` change it, never the
+bytes written.
 
-- divisions are ``tl.div_rn`` (Triton's ``/`` is an approximate division for float32 on NVIDIA GPUs), and the
-  kernels are launched with ``enable_fp_fusion=False``, so no multiply and add become one fused operation;
-- round half to even is ``(v + 1.5 * 2**23) - 1.5 * 2**23`` (exact for ``|v| < 2**22``; here ``|v| <= 255``);
-- bfloat16 is read and written by moving bits (``bits << 16``; round to nearest even in integers, as
-  PyTorch does), and fp8 codes are made and read with integer operations that mirror PyTorch's conversions,
-  so the CPU interpreter (``TRITON_INTERPRET=1``) computes the same bits as a GPU;
-- a -0.0 group parameter is stored as +0.0 (``x + 0.0``), and a group holding inf or NaN (or whose range
-  overflows) gets zero codes and NaN parameters.
+The PyTorch codec (``kernel="torch"``) is the oracle, and both make the same buffers bit for bit: every value
+goes through the same IEEE float32 operations as in the reference, in the same order, and integer steps are
+mirrored. The kernels are launched with ``enable_fp_fusion=False``, so no multiply and add become one fused
+operation (the one ``tl.fma`` multiplies by a power of two, exactly, so it rounds like the reference's
+multiply then subtract). Integer codes become floats by or-ing exponent bits, not by conversions. bfloat16
+widens exactly (two logic instructions per pair of elements on a GPU) and is written by the hardware's
+round-to-nearest-even conversion on a GPU and by moving bits under the interpreter, whose float32 -> bfloat16
+conversion and bfloat16 comparisons differ from PyTorch's (``HW`` selects). fp8 codes are made and read with
+integer operations that mirror PyTorch's conversions. A -0.0 group parameter is stored as +0.0
+(``x + 0.0``), and a group holding inf or NaN (or whose range overflows) gets zero codes and NaN parameters.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -31,152 +39,143 @@ import triton
 import triton.language as tl
 
 from actzip.core.errors import ConfigError
+from actzip.kernels.quant_bits import (
+    FP8_LAYOUT,
+    fp8_round,
+    fp8_round_stochastic,
+    fp8_scale,
+    fp8_value,
+    mix32,
+    pair_bits,
+)
 
 MAX_GROUP = 4096  # largest group a program takes (one group must fit in one program's registers)
 ROW = 1024  # fp8 with one scale per tensor: elements per row of a tile
-_TILE = 2048  # elements per program (BG * GP)
-HASH_M1, HASH_M2 = 0x21F0AAAD, 0x735A2D97  # the multipliers of _mix32 (the codec's mix32 uses the same)
-# fp8 formats: mantissa bits, exponent bias, largest finite value.
-FP8_LAYOUT = {"e4m3": (3, 7, 448.0), "e5m2": (2, 15, 57344.0)}
+DEFAULT_TILE = 4096  # elements per program
+DEFAULT_GROUP_THREADS = 4  # threads sharing one group (when the group allows it)
+_THREAD_ELEMS = 64  # most elements of one group a thread holds (registers)
 _INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LAUNCH = {"enable_fp_fusion": False}  # keep a * b + c two roundings, as PyTorch computes it
+_WORD = {8: torch.uint8, 16: torch.int16, 32: torch.int32}  # packed codes of one chunk -> the store's dtype
 
 
 # -- device helpers ---------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _mix32(h):
-    # mix32 of actzip.codecs.quant, on uint32 (multiplication wraps modulo 2**32).
-    h = h ^ (h >> 16)
-    h = h * 0x21F0AAAD
-    h = h ^ (h >> 15)
-    h = h * 0x735A2D97
-    h = h ^ (h >> 15)
-    return h
+def _tile(G: tl.constexpr, NS: tl.constexpr, BG: tl.constexpr, CP: tl.constexpr, K: tl.constexpr):
+    """``(start, offs, words, chunk_ok)``: the tile's first element (int64), the int32 offsets ``[NS, BG, CP,
+    K]`` of its elements from there, those of its chunks (``[NS, BG, CP]``, in chunks), and which chunks lie
+    in their group (all unless the group was rounded up to a power of two chunks)."""
+    start = tl.program_id(0).to(tl.int64) * (BG * G)
+    c = tl.arange(0, CP)[None, None, :]
+    chunk_ok = (c < G // K) | (NS * CP * K == G)
+    c = tl.where(c < G // K, c, c - G // K)  # a rounded-up group rereads its first chunks
+    words = tl.arange(0, NS)[:, None, None] * CP + tl.arange(0, BG)[None, :, None] * (G // K) + c
+    return start, words[:, :, :, None] * K + tl.arange(0, K)[None, None, None, :], words, chunk_ok
 
 
 @triton.jit
-def _uniform24(idx, key0, key1):
-    """hash_uniform of actzip.codecs.quant: float32 in [0, 1) on the 2**-24 grid for int64 indices ``idx``."""
-    k0 = key0.to(tl.uint32, bitcast=True)
-    k1 = key1.to(tl.uint32, bitcast=True)
-    h = _mix32(idx.to(tl.uint32) ^ k0)
-    h = _mix32(h ^ (idx >> 32).to(tl.uint32) ^ k1)
-    return (h >> 8).to(tl.float32) * 5.9604644775390625e-08
+def _rows(p_ptr, n_rows, BG: tl.constexpr):
+    """Pointers to the tile's ``BG`` group parameters and which of them exist."""
+    first = tl.program_id(0).to(tl.int64) * BG
+    r = tl.arange(0, BG)
+    return p_ptr + first + r, r < tl.minimum(n_rows - first, BG).to(tl.int32)
 
 
 @triton.jit
-def _load_f32(ptr, offs, mask, IN_BF16: tl.constexpr):
-    # bfloat16 arrives as its int16 bits: widening is a shift, exact on every backend.
-    if IN_BF16:
-        b = tl.load(ptr + offs, mask=mask, other=0).to(tl.int32)
-        return (b << 16).to(tl.float32, bitcast=True)
+def _load_tile(x_ptr, start, offs, n, TILE: tl.constexpr):
+    if n - start >= TILE:  # a whole tile: no masks
+        x = tl.load(x_ptr + start + offs)
+    else:  # past the end every element reads element n - 1: the padding rule
+        x = tl.load(x_ptr + start + offs, mask=offs < (n - start).to(tl.int32), other=tl.load(x_ptr + (n - 1)))
+    return x
+
+
+@triton.jit
+def _widen(x, IN_BF16: tl.constexpr, HW: tl.constexpr):
+    """float32 values of ``x``, exactly. On a GPU a pair of bfloat16 in one register widens in two logic
+    instructions (what the compiler emits extracts the high half first)."""
+    if IN_BF16 and HW:
+        return tl.inline_asm_elementwise("shl.b32 $0, $2, 16;\n and.b32 $1, $2, 0xffff0000;", "=r,=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=2)  # fmt: skip
     else:
-        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        return x.to(tl.float32)
 
 
 @triton.jit
-def _store_f32(ptr, offs, y, mask, OUT_BF16: tl.constexpr):
-    # bfloat16 leaves as int16 bits, rounded to nearest even like PyTorch's conversion (a NaN stays a NaN).
-    if OUT_BF16:
+def _store_f32(ptr, offs, y, mask, OUT_BF16: tl.constexpr, HW: tl.constexpr):
+    if OUT_BF16 and not HW:  # as int16 bits, rounded to nearest even like PyTorch (a NaN stays a NaN)
         u = y.to(tl.uint32, bitcast=True)
         r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
         r = tl.where(y != y, 0x7FC0, r)  # noqa: PLR0124 (NaN test)
         tl.store(ptr + offs, r.to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
+    elif OUT_BF16:
+        tl.store(ptr + offs, y.to(tl.bfloat16).to(tl.int16, bitcast=True), mask=mask)
     else:
         tl.store(ptr + offs, y.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rint(v):
-    # Round half to even for |v| < 2**22: the sum lands where float32's spacing is 1.
-    return (v + 12582912.0) - 12582912.0
+def _min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
-def _floor(v):
-    # floor for |v| < 2**22 from _rint: plain IEEE additions (tl.floor goes through libdevice, which Triton
-    # builds flushing subnormals to zero).
-    r = _rint(v)
-    return r - tl.where(r > v, 1.0, 0.0)
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
-def _row_min_max_nan(x, valid, row_ok):
-    """Per row of ``x``: minimum (+0.0 for -0.0), maximum, and whether a valid element is NaN (rows past the
-    end get zeros: they store nothing, and finite values keep the interpreter quiet)."""
-    nan = tl.max(tl.where(valid & (x != x), 1, 0), axis=1) > 0  # noqa: PLR0124 (NaN test)
-    lo = tl.min(tl.where(valid, x, float("inf")), axis=1) + 0.0
-    hi = tl.max(tl.where(valid, x, float("-inf")), axis=1)
-    return tl.where(row_ok, lo, 0.0), tl.where(row_ok, hi, 0.0), nan
-
-
-@triton.jit
-def _fp8_value(c, MBITS: tl.constexpr, BIAS: tl.constexpr, SUB_UNIT: tl.constexpr):
-    """float32 value of non-negative fp8 codes ``c`` (int32 in [0, 127])."""
-    e = c >> MBITS
-    m = c & ((1 << MBITS) - 1)
-    normal = ((e + (127 - BIAS)) << 23) | (m << (23 - MBITS))
-    v = tl.where(e == 0, m.to(tl.float32) * SUB_UNIT, normal.to(tl.float32, bitcast=True))
-    if MBITS == 3:  # e4m3fn: no inf, one NaN pattern
-        v = tl.where(c == 0x7F, float("nan"), v)
-    else:  # e5m2: IEEE-like specials
-        v = tl.where(e == 31, tl.where(m == 0, float("inf"), float("nan")), v)
-    return v
-
-
-@triton.jit
-def _fp8_round(mb, MBITS: tl.constexpr, BIAS: tl.constexpr, NEAREST: tl.constexpr):
-    """fp8 codes of float32 magnitudes given by their bits ``mb`` (int32, sign clear, at most the fp8 max):
-    rounded to nearest even (as PyTorch's conversion), or toward zero (the lower neighbour)."""
-    e = mb >> 23
-    rebased = mb - ((127 - BIAS) << 23)
-    if NEAREST:
-        normal = (rebased + ((1 << (22 - MBITS)) - 1) + ((mb >> (23 - MBITS)) & 1)) >> (23 - MBITS)
+def _row_reduce(x, MAX: tl.constexpr):
+    """NaN-propagating minimum or maximum of each row of ``[NS, BG, CP, K]``: registers first, then threads."""
+    if MAX:
+        return tl.reduce(tl.reduce(tl.reduce(x, 0, _max_nan), 2, _max_nan), 1, _max_nan)
     else:
-        normal = rebased >> (23 - MBITS)
-    # Below the smallest normal: count units of the smallest subnormal, from the integer significand.
-    m = (mb & 0x7FFFFF) | tl.where(e > 0, 0x800000, 0)
-    s = tl.minimum((151 - BIAS - MBITS) - tl.maximum(e, 1), 31)
-    q = m >> s
-    if NEAREST:
-        rem = m & ((1 << s) - 1)
-        half = 1 << (s - 1)
-        q = q + tl.where((rem > half) | ((rem == half) & ((q & 1) == 1)), 1, 0)
-    code = tl.where(e >= 128 - BIAS, normal, q)
-    if NEAREST:  # out of range: what PyTorch's conversion gives (never reached by the codec)
-        if MBITS == 3:
-            code = tl.where(mb >= (1087 << 20), 0x7F, code)
-        else:
-            code = tl.where(mb >= (143 << 23), tl.where(mb > 0x7F800000, 0x7F, 0x7C), code)
-    return code
+        return tl.reduce(tl.reduce(tl.reduce(x, 0, _min_nan), 2, _min_nan), 1, _min_nan)
 
 
 @triton.jit
-def _fp8_scale(am, TOP_E: tl.constexpr, TOP_FRAC: tl.constexpr):
-    """The codec's scale of a finite absmax ``am`` >= 0: the smallest power of two ``p`` with ``am / p`` at most
-    the fp8 max (``TOP_E``, ``TOP_FRAC``: that max's frexp exponent and fraction bits), at least 2**-149; 1 for 0.
-    Built from the exponent bits: no pow, no division."""
-    u = am.to(tl.int32, bitcast=True)
-    eb = u >> 23
-    frac = u & 0x7FFFFF
-    sub = frac.to(tl.float32).to(tl.int32, bitcast=True)  # a subnormal's significand, normalized exactly
-    is_sub = eb == 0
-    e = tl.where(is_sub, (sub >> 23) - 275, eb - 126)  # frexp exponent: am = m * 2**e, m in [0.5, 1)
-    f = tl.where(is_sub, sub & 0x7FFFFF, frac)
-    k = tl.maximum(e - TOP_E + tl.where(f > TOP_FRAC, 1, 0), -149)
-    bits = tl.where(k >= -126, (k + 127) << 23, 1 << tl.minimum(k + 149, 22))
-    return tl.where(am > 0, bits.to(tl.float32, bitcast=True), 1.0)
+def _bcast(v):
+    # Per-row values to [1, BG, 1, 1], undoing _row_reduce's axes in reverse (no layout conversion).
+    return tl.expand_dims(tl.expand_dims(tl.expand_dims(v, 1), 2), 0)
 
 
 @triton.jit
-def _tile_index(G: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, n_rows):
-    rows = tl.program_id(0).to(tl.int64) * BG + tl.arange(0, BG)
-    cols = tl.arange(0, GP)
-    row_ok = rows < n_rows
-    valid = row_ok[:, None] & (cols < G)[None, :]
-    return rows, row_ok, valid, rows[:, None] * G + cols[None, :]
+def _fields(w, BITS: tl.constexpr, N: tl.constexpr, OFF: tl.constexpr, zero):
+    """``q - OFF`` as float32, exactly, for the ``N`` codes of ``BITS`` bits in each int32 of ``w`` (a new last
+    axis), without int -> float conversions (a quarter-rate instruction on recent GPUs).
+
+    Code ``k`` sits at bit ``p = k * BITS`` (one reaching bit 23 is first moved down 16). Or-ing the exponent of
+    ``2**(23 - p)`` onto it in place makes the float32 ``2**(23 - p) + q``: one logic instruction per code (with
+    the exponents in registers, which the runtime ``zero`` forces), then one subtraction.
+    """
+    p = tl.arange(0, N) * BITS
+    high = p + BITS > 23
+    p = tl.where(high, p - 16, p)
+    w = tl.expand_dims(w, -1)
+    w = tl.where(high, w >> 16, w)
+    bias = ((150 - p) << 23).to(tl.float32, bitcast=True) + OFF  # 2**(23 - p) + OFF, exact
+    return ((w & (((1 << BITS) - 1) << p)) | (((150 - p) << 23) + zero)).to(tl.float32, bitcast=True) - bias
+
+
+@triton.jit
+def _random_bits(start, offs, key0, key1, NS: tl.constexpr, BG: tl.constexpr, CP: tl.constexpr, K: tl.constexpr,
+                 WIDE: tl.constexpr):  # fmt: skip
+    """The codec's 15-bit random integers (``actzip.codecs.quant.round_bits``), one per element, in int32:
+    one hash per pair of elements (elements ``2p`` and ``2p + 1``)."""
+    pair, _ = tl.split(tl.reshape(offs, (NS, BG, CP, K // 2, 2)))
+    pair = pair >> 1
+    k0 = key0.to(tl.uint32, bitcast=True)
+    k1 = key1.to(tl.uint32, bitcast=True)
+    first = start >> 1
+    if WIDE:  # the tile crosses a multiple of 2**32 pairs: the high part per pair
+        p = first + pair
+        h = pair_bits(p.to(tl.uint32) + k0, k1 ^ mix32((p >> 32).to(tl.uint32)))
+    else:
+        h = pair_bits(pair.to(tl.uint32) + (first.to(tl.uint32) + k0), k1 ^ mix32((first >> 32).to(tl.uint32)))
+    r = tl.join((h >> 17).to(tl.int32), (h & 0x7FFF).to(tl.int32))
+    return tl.reshape(r, (NS, BG, CP, K))
 
 
 # -- kernels ----------------------------------------------------------------------------------------------
@@ -184,143 +183,165 @@ def _tile_index(G: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, n_rows):
 
 @triton.jit(do_not_specialize=["key0", "key1"])
 def quant_encode_kernel(
-    x_ptr, codes_ptr, p0_ptr, p1_ptr, n, n_groups, key0, key1,
-    G: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, BITS: tl.constexpr, PER: tl.constexpr,
-    TOP: tl.constexpr, ABSMAX: tl.constexpr, STOCHASTIC: tl.constexpr, IN_BF16: tl.constexpr,
+    x_ptr, codes_ptr, p0_ptr, p1_ptr, n, n_rows, key0, key1,
+    G: tl.constexpr, NS: tl.constexpr, BG: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
+    TOP: tl.constexpr, OFF: tl.constexpr, ABSMAX: tl.constexpr, STOCHASTIC: tl.constexpr, IN_BF16: tl.constexpr,
+    WIDE: tl.constexpr, HW: tl.constexpr,
 ):  # fmt: skip
     """Codes and parameters of ``BG`` groups. Oracle: ``QuantCodec._encode_torch`` (``check=False``).
 
-    ``p0``/``p1``: ``lo``/``span`` (minmax) or ``absmax`` in ``p0``. ``PER = 8 // BITS`` codes per byte, ``TOP``
-    the largest step count (``L`` or ``Q``). Padding past ``n`` repeats element ``n - 1``.
+    ``p0``/``p1``: ``lo``/``span`` (minmax) or ``absmax`` in ``p0``. ``TOP``: the largest step count (``L`` or
+    ``Q``); ``OFF``: the codes' offset (``Q`` or 0). ``codes_ptr``: bytes (``BITS == 8``) or one word per chunk
+    (``K * BITS`` bits). ``WIDE``: a tile may cross a multiple of 2**32 element pairs.
     """
-    rows, row_ok, valid, idx = _tile_index(G, GP, BG, n_groups)
-    x = _load_f32(x_ptr, tl.minimum(idx, n - 1), valid, IN_BF16)
-    lo, hi, nan = _row_min_max_nan(x, valid, row_ok)
+    start, offs, words, chunk_ok = _tile(G, NS, BG, CP, K)
+    xb = _load_tile(x_ptr, start, offs, n, NS * BG * CP * K)
+    x = _widen(xb, IN_BF16, HW)
+    if IN_BF16:  # reduce the (same) float32 values: the interpreter compares bfloat16 as integers, and Triton 3.6
+        # refuses a bfloat16 reduction whose combine function compares (it promotes to float32)
+        xb = x
+    p0, row_ok = _rows(p0_ptr, n_rows, BG)
     if ABSMAX:
-        param = tl.maximum(hi, -lo) + 0.0
-        num = x
+        param = _row_reduce(tl.abs(xb), True).to(tl.float32) + 0.0
     else:
-        param = (hi - lo) + 0.0
-        num = x - lo[:, None]
-    ok = (nan == 0) & (tl.abs(param) < float("inf"))
+        lo = _row_reduce(xb, False).to(tl.float32) + 0.0
+        param = (_row_reduce(xb, True).to(tl.float32) - lo) + 0.0
+    ok = param < float("inf")  # false for inf and NaN
     safe = tl.where(param > 0, param, 1.0)
-    v = tl.div_rn(num, tl.broadcast_to(safe[:, None], (BG, GP))) * TOP
+    pre = tl.where(safe < 5.421010862427522e-20, 1.8446744073709552e19, 1.0)  # 2**64 below 2**-64: no inf
+    factor = tl.div_rn(tl.full((BG,), TOP, tl.float32), safe * pre)
+    # v = (x - lo) * TOP / span in [0, TOP], or x * Q / absmax in [-Q, Q], up to roundings.
+    if ABSMAX:
+        v = (x * _bcast(pre)) * _bcast(factor)
+    else:
+        v = tl.fma(x, _bcast(pre), _bcast(-(lo * pre))) * _bcast(factor)
+    # The code, with FB fraction bits below it (garbage in a non-finite group, whose codes are zeroed below).
     if STOCHASTIC:
-        fl = _floor(v)
-        q = fl + tl.where(_uniform24(idx, key0, key1) < v - fl, 1.0, 0.0)
+        # v + 256 (+ Q) lies in [256, 512): its bits count 2**-15 steps; adding 15 random bits carries into the
+        # integer part with probability the fraction (rounded to 15 bits).
+        t = (v + (256.0 + OFF)).to(tl.int32, bitcast=True)
+        q = t + _random_bits(start, offs, key0, key1, NS, BG, CP, K, WIDE) - 0x43800000
+        FB = 15
     else:
-        q = _rint(v)
+        q = (v + 12582912.0).to(tl.int32, bitcast=True) - (0x4B400000 - OFF)  # round half to even, + Q
+        FB = 0
+    q = q.to(tl.uint32, bitcast=True)
+    if BITS == 8:  # clamped to the largest code (a float32 tie from it), or to 0 in a non-finite group
+        q = tl.minimum(q >> FB, _bcast(tl.where(ok, TOP + OFF, 0).to(tl.uint32)))
+        tl.store(codes_ptr + start + offs, q.to(tl.uint8), mask=_bcast(row_ok) & chunk_ok[:, :, :, None])
+    else:
+        # Codes stay in [0, TOP] (TOP <= 15: v rounds to at most TOP). Each goes to bit k * BITS of its word by
+        # one shift and a mask, the mask dropping the fraction bits; a non-finite group's words become 0.
+        sh = FB - tl.arange(0, K)[None, None, None, :] * BITS
+        q = tl.where(sh >= 0, q >> tl.maximum(sh, 0), q << tl.maximum(-sh, 0)) & (((1 << BITS) - 1) << -(sh - FB))
+        word = tl.where(ok[None, :, None], tl.sum(q, axis=3), 0)  # disjoint bits: the sum is an or
+        first = tl.program_id(0).to(tl.int64) * (BG * (G // K))
+        tl.store(codes_ptr + first + words, word.to(codes_ptr.dtype.element_ty), mask=row_ok[None, :, None] & chunk_ok)
     if ABSMAX:
-        q = tl.minimum(tl.maximum(q, -TOP), TOP) + TOP
+        tl.store(p0, tl.where(ok, param, float("nan")), mask=row_ok)
     else:
-        q = tl.minimum(tl.maximum(q, 0.0), TOP)
-    code = tl.where(ok[:, None], q, 0.0).to(tl.int32)
-    if BITS == 8:
-        tl.store(codes_ptr + idx, code.to(tl.uint8), mask=valid)
-    else:
-        byte = tl.sum(tl.reshape(code, (BG, GP // PER, PER)) << (tl.arange(0, PER) * BITS)[None, None, :], axis=2)
-        bcols = tl.arange(0, GP // PER)
-        bmask = row_ok[:, None] & (bcols < G // PER)[None, :]
-        tl.store(codes_ptr + rows[:, None] * (G // PER) + bcols[None, :], byte.to(tl.uint8), mask=bmask)
-    if ABSMAX:
-        tl.store(p0_ptr + rows, tl.where(ok, param, float("nan")), mask=row_ok)
-    else:
-        tl.store(p0_ptr + rows, tl.where(ok, lo, float("nan")), mask=row_ok)
-        tl.store(p1_ptr + rows, tl.where(ok, param, float("nan")), mask=row_ok)
+        tl.store(p0, tl.where(ok, lo, float("nan")), mask=row_ok)
+        p1, _ = _rows(p1_ptr, n_rows, BG)
+        tl.store(p1, tl.where(ok, param, float("nan")), mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["zero"])
 def quant_decode_kernel(
-    codes_ptr, p0_ptr, p1_ptr, out_ptr, n, n_groups,
-    G: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, BITS: tl.constexpr, PER: tl.constexpr,
-    TOP: tl.constexpr, ABSMAX: tl.constexpr, OUT_BF16: tl.constexpr,
+    codes_ptr, p0_ptr, p1_ptr, out_ptr, n, n_rows, zero,
+    G: tl.constexpr, NS: tl.constexpr, BG: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
+    TOP: tl.constexpr, RECIP: tl.constexpr, ABSMAX: tl.constexpr, OUT_BF16: tl.constexpr, HW: tl.constexpr,
 ):  # fmt: skip
-    """Elements ``< n`` of ``BG`` groups. Oracle: ``QuantCodec._decode_torch`` then the cast to the dtype."""
-    rows, row_ok, valid, idx = _tile_index(G, GP, BG, n_groups)
-    if BITS == 8:
-        q = tl.load(codes_ptr + idx, mask=valid, other=0).to(tl.int32)
-    else:
-        bcols = tl.arange(0, GP // PER)
-        bmask = row_ok[:, None] & (bcols < G // PER)[None, :]
-        b = tl.load(codes_ptr + rows[:, None] * (G // PER) + bcols[None, :], mask=bmask, other=0).to(tl.int32)
-        q = (b[:, :, None] >> (tl.arange(0, PER) * BITS)[None, None, :]) & ((1 << BITS) - 1)
-        q = tl.reshape(q, (BG, GP))
-    top = tl.full((BG, GP), TOP, tl.float32)
+    """Elements ``< n`` of ``BG`` groups: ``(q * RECIP) * span + lo`` or ``((q - Q) * RECIP) * absmax``, with
+    ``RECIP`` the float32 ``1 / TOP``. Oracle: ``QuantCodec._decode_torch`` then the cast to the dtype."""
+    start, offs, words, chunk_ok = _tile(G, NS, BG, CP, K)
+    p0, row_ok = _rows(p0_ptr, n_rows, BG)
+    if BITS == 8:  # K codes a chunk: K // 4 int32 words
+        first = tl.program_id(0).to(tl.int64) * (BG * G // 4)
+        w = tl.load(codes_ptr + first + (words[:, :, :, None] * (K // 4) + tl.arange(0, K // 4)[None, None, None, :]),
+                    mask=row_ok[None, :, None, None], other=0)  # fmt: skip
+        f = tl.reshape(_fields(w, 8, 4, TOP if ABSMAX else 0, zero), (NS, BG, CP, K))
+    else:  # one word a chunk
+        first = tl.program_id(0).to(tl.int64) * (BG * (G // K))
+        w = tl.load(codes_ptr + first + words, mask=row_ok[None, :, None], other=0)
+        if K * BITS == 8:
+            w = w.to(tl.int32)
+        elif K * BITS == 16:
+            w = w.to(tl.uint16, bitcast=True).to(tl.int32)
+        else:
+            w = w.to(tl.int32, bitcast=True)
+        f = _fields(w, BITS, K, TOP if ABSMAX else 0, zero)
     if ABSMAX:
-        am = tl.load(p0_ptr + rows, mask=row_ok, other=0.0)
-        y = tl.div_rn(q.to(tl.float32) - TOP, top) * am[:, None]
+        y = (f * RECIP) * _bcast(tl.load(p0, mask=row_ok, other=0.0))
     else:
-        lo = tl.load(p0_ptr + rows, mask=row_ok, other=0.0)
-        span = tl.load(p1_ptr + rows, mask=row_ok, other=0.0)
-        y = tl.div_rn(q.to(tl.float32), top) * span[:, None] + lo[:, None]
-    _store_f32(out_ptr, idx, y, valid & (idx < n), OUT_BF16)
+        p1, _ = _rows(p1_ptr, n_rows, BG)
+        span = tl.load(p1, mask=row_ok, other=0.0)
+        y = (f * RECIP) * _bcast(span) + _bcast(tl.load(p0, mask=row_ok, other=0.0))
+    lim = tl.minimum(n - start, 1 << 30).to(tl.int32)
+    _store_f32(out_ptr + start, offs, y, (offs < lim) & chunk_ok[:, :, :, None], OUT_BF16, HW)
 
 
 @triton.jit(do_not_specialize=["key0", "key1"])
 def fp8_encode_kernel(
     x_ptr, codes_ptr, scale_ptr, amax_ptr, n, n_rows, key0, key1,
-    G: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-    SUB_UNIT: tl.constexpr, TOP_E: tl.constexpr, TOP_FRAC: tl.constexpr, STOCHASTIC: tl.constexpr,
-    IN_BF16: tl.constexpr, TENSOR: tl.constexpr,
+    G: tl.constexpr, NS: tl.constexpr, BG: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, MBITS: tl.constexpr,
+    BIAS: tl.constexpr, TOP_E: tl.constexpr, TOP_FRAC: tl.constexpr, STOCHASTIC: tl.constexpr,
+    IN_BF16: tl.constexpr, TENSOR: tl.constexpr, WIDE: tl.constexpr, HW: tl.constexpr,
 ):  # fmt: skip
     """fp8 codes and scales of ``BG`` rows. Oracle: ``FP8Codec._encode_torch`` (``check=False``).
 
     Per group (``TENSOR`` false): rows are groups, padded like the quant kernel. One scale for the tensor
     (``TENSOR``): rows are ``G``-element slices of it, ``amax_ptr`` holds its absmax, program 0 stores the scale.
     """
-    rows, row_ok, valid, idx = _tile_index(G, GP, BG, n_rows)
+    start, offs, _, chunk_ok = _tile(G, NS, BG, CP, K)
+    xb = _load_tile(x_ptr, start, offs, n, NS * BG * CP * K)
+    x = _widen(xb, IN_BF16, HW)
+    sp, row_ok = _rows(scale_ptr, n_rows, BG)
     if TENSOR:
-        valid = valid & (idx < n)
-        x = _load_f32(x_ptr, idx, valid, IN_BF16)
-        am = tl.load(amax_ptr + rows * 0)  # the tensor's absmax on every row
-        ok = am < float("inf")  # false for inf and NaN
+        am = tl.load(amax_ptr + tl.arange(0, BG) * 0)  # the tensor's absmax on every row
     else:
-        x = _load_f32(x_ptr, tl.minimum(idx, n - 1), valid, IN_BF16)
-        lo, hi, nan = _row_min_max_nan(x, valid, row_ok)
-        am = tl.maximum(hi, -lo)
-        ok = (nan == 0) & (am < float("inf"))
-    scale = _fp8_scale(tl.where(ok, am, 0.0), TOP_E, TOP_FRAC)
-    t = tl.div_rn(x, tl.broadcast_to(scale[:, None], (BG, GP)))  # exact but in the subnormal range
+        am = _row_reduce(tl.abs(x if IN_BF16 else xb), True).to(tl.float32)
+    ok = am < float("inf")  # false for inf and NaN
+    scale = fp8_scale(tl.where(ok, am, 0.0), TOP_E, TOP_FRAC)
+    # x / scale, correctly rounded, as two multiplications by powers of two (the first exact: no inf on the way).
+    pre = tl.where(scale < 5.421010862427522e-20, 1.8446744073709552e19, 1.0)
+    t = (x * _bcast(pre)) * _bcast(tl.div_rn(tl.full((BG,), 1.0, tl.float32), scale * pre))
     tb = t.to(tl.int32, bitcast=True)
     mb = tb & 0x7FFFFFFF
     if STOCHASTIC:
-        lower = _fp8_round(mb, MBITS, BIAS, False)
-        mag = mb.to(tl.float32, bitcast=True)
-        lower_v = _fp8_value(lower, MBITS, BIAS, SUB_UNIT)
-        upper = lower + tl.where(lower_v < mag, 1, 0)
-        gap = _fp8_value(upper, MBITS, BIAS, SUB_UNIT) - lower_v
-        frac = tl.div_rn(mag - lower_v, tl.where(gap > 0, gap, 1.0))
-        code = lower + tl.where(_uniform24(idx, key0, key1) < frac, 1, 0)
+        code = fp8_round_stochastic(mb, _random_bits(start, offs, key0, key1, NS, BG, CP, K, WIDE), MBITS, BIAS)
     else:
-        code = _fp8_round(mb, MBITS, BIAS, True)
-    code = tl.where(ok[:, None], code | ((tb >> 24) & 0x80), 0)
-    tl.store(codes_ptr + idx, code.to(tl.uint8), mask=valid)
-    stored = tl.where(ok, scale, float("nan"))
+        code = fp8_round(mb, MBITS, BIAS)
+    code = tl.where(_bcast(ok), code | ((tb >> 24) & 0x80), 0)
     if TENSOR:
-        tl.store(scale_ptr + rows * 0, stored, mask=rows == 0)
+        lim = tl.minimum(n - start, 1 << 30).to(tl.int32)
+        tl.store(codes_ptr + start + offs, code.to(tl.uint8), mask=offs < lim)
+        if tl.program_id(0) == 0:
+            tl.store(scale_ptr + tl.arange(0, BG) * 0, tl.where(ok, scale, float("nan")), mask=tl.arange(0, BG) == 0)
     else:
-        tl.store(scale_ptr + rows, stored, mask=row_ok)
+        tl.store(codes_ptr + start + offs, code.to(tl.uint8), mask=_bcast(row_ok) & chunk_ok[:, :, :, None])
+        tl.store(sp, tl.where(ok, scale, float("nan")), mask=row_ok)
 
 
 @triton.jit
 def fp8_decode_kernel(
     codes_ptr, scale_ptr, out_ptr, n, n_rows,
-    G: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-    SUB_UNIT: tl.constexpr, BIG: tl.constexpr, OUT_BF16: tl.constexpr, TENSOR: tl.constexpr,
+    G: tl.constexpr, NS: tl.constexpr, BG: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, MBITS: tl.constexpr,
+    BIAS: tl.constexpr, BIG: tl.constexpr, OUT_BF16: tl.constexpr, TENSOR: tl.constexpr, HW: tl.constexpr,
 ):  # fmt: skip
     """Elements ``< n``: code value times scale, clamped to the dtype's range. Oracle: ``FP8Codec.decode``."""
-    rows, row_ok, valid, idx = _tile_index(G, GP, BG, n_rows)
-    valid = valid & (idx < n)
-    c = tl.load(codes_ptr + idx, mask=valid, other=0).to(tl.int32)
-    v = _fp8_value(c & 0x7F, MBITS, BIAS, SUB_UNIT)
-    v = tl.where((c & 0x80) != 0, -v, v)
+    start, offs, _, chunk_ok = _tile(G, NS, BG, CP, K)
+    lim = tl.minimum(n - start, 1 << 30).to(tl.int32)
+    valid = (offs < lim) & chunk_ok[:, :, :, None]
+    c = tl.load(codes_ptr + start + offs, mask=valid, other=0).to(tl.int32)
+    v = fp8_value(c, MBITS, BIAS)  # signed: the sign bit is moved, not negated (-0.0 stays -0.0)
     if TENSOR:
-        sc = tl.load(scale_ptr + rows * 0)
+        sc = tl.load(scale_ptr + tl.arange(0, BG) * 0)
     else:
-        sc = tl.load(scale_ptr + rows, mask=row_ok, other=1.0)
-    y = v * sc[:, None]
-    y = tl.where(y > BIG, BIG, tl.where(y < -BIG, -BIG, y))  # comparisons keep a NaN a NaN
-    _store_f32(out_ptr, idx, y, valid, OUT_BF16)
+        sp, row_ok = _rows(scale_ptr, n_rows, BG)
+        sc = tl.load(sp, mask=row_ok, other=1.0)
+    y = v * _bcast(sc)
+    y = tl.minimum(tl.maximum(y, -BIG, propagate_nan=tl.PropagateNan.ALL), BIG, propagate_nan=tl.PropagateNan.ALL)
+    _store_f32(out_ptr + start, offs, y, valid, OUT_BF16, HW)
 
 
 # Triton picks between compiling and interpreting when a kernel is defined (TRITON_INTERPRET=1).
@@ -340,11 +361,45 @@ def check_group_size(group_size: int) -> int:
     return group_size
 
 
-def _tile(group_size: int) -> tuple[int, int, int]:
-    """``(GP, BG, num_warps)`` for groups of ``group_size`` elements."""
-    gp = triton.next_power_of_2(group_size)
-    bg = max(1, _TILE // gp)
-    return gp, bg, 4 if gp * bg <= _TILE else 8
+def _pow2(v: int, what: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1 or v & (v - 1):
+        raise ConfigError(f"quant Triton kernels: {what} must be a power of two, got {v!r}")
+    return v
+
+
+def geometry(
+    group_size: int, elem_bytes: int, bits: int, tile: int | None = None, group_threads: int | None = None,
+    warps: int | None = None,
+) -> dict:  # fmt: skip
+    """The launch shape for groups of ``group_size`` elements of ``elem_bytes`` bytes, ``bits`` per code:
+    ``G, NS, BG, CP, K`` (see the module docstring) and ``num_warps``, as keyword arguments of a launch.
+
+    ``tile``: elements per program (a power of two; groups larger than it take one group per program).
+    ``group_threads``: how many threads share a group (a power of two; more for groups too large for that many,
+    or too few to fill the program). ``warps``: default 32 elements per thread, 1 to 8 warps.
+    """
+    tile = _pow2(DEFAULT_TILE if tile is None else tile, "tile")
+    lanes = _pow2(DEFAULT_GROUP_THREADS if group_threads is None else group_threads, "group_threads")
+    k = max(16 // elem_bytes, 8 // bits)  # one 16-byte load, and whole bytes of codes
+    chunks = group_size // k
+    padded = bool(chunks & (chunks - 1))  # not a power of two chunks: one slice, rounded up
+    row = triton.next_power_of_2(chunks) * k if padded else group_size
+    bg = max(1, tile // row)
+    warps = _pow2(min(8, max(1, bg * row // 1024)) if warps is None else warps, "warps")
+    if padded:
+        ns, cp = 1, row // k
+    else:  # every thread busy, and at most _THREAD_ELEMS elements of a group in one thread
+        cp = min(chunks, max(lanes, 32 * warps // bg, chunks * k // _THREAD_ELEMS))
+        ns = chunks // cp
+    return {"G": group_size, "NS": ns, "BG": bg, "CP": cp, "K": k, "num_warps": warps}
+
+
+def _launch(geo: dict, n_rows: int, n_pad: int) -> tuple[tuple[int], dict]:
+    """Grid, and the launch options: ``WIDE`` (a tile may cross a multiple of 2**32 element pairs, where the
+    random stream's high part changes), ``HW`` (compiled for a GPU) and no fp fusion."""
+    tile_pairs = geo["BG"] * geo["G"] // 2
+    wide = n_pad > 1 << 33 and (1 << 32) % tile_pairs != 0
+    return (-(-n_rows // geo["BG"]),), {"WIDE": wide, "HW": not INTERPRETED, **_LAUNCH}
 
 
 def _signed(key: int) -> int:
@@ -361,8 +416,7 @@ def _input(flat: torch.Tensor) -> tuple[torch.Tensor, bool]:
             f"quant Triton kernels: the input must be a contiguous 1-D tensor, got shape {tuple(flat.shape)}"
             f"{'' if flat.is_contiguous() else ' (not contiguous)'}"
         )
-    bf16 = flat.dtype == torch.bfloat16
-    return (flat.view(torch.int16) if bf16 else flat), bf16
+    return flat, flat.dtype == torch.bfloat16
 
 
 def _output(n: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -378,13 +432,36 @@ def _need(what: str, t: torch.Tensor, count: int) -> None:
         raise ConfigError(f"quant Triton kernels: {what} has {t.numel()} elements, the payload needs {count}")
 
 
+def _words(codes: torch.Tensor, geo: dict, bits: int, decode: bool = False) -> torch.Tensor:
+    # Packed codes move one word per chunk (8-bit ones decode from int32): the same bytes, little-endian (a
+    # misaligned view is copied first).
+    if bits == 8 and not decode:
+        return codes
+    word = torch.int32 if bits == 8 else _WORD[geo["K"] * bits]
+    if codes.data_ptr() % word.itemsize or not codes.is_contiguous():
+        codes = codes.contiguous().clone()
+    return codes.view(word)  # whole words: a group's codes are a multiple of a chunk's
+
+
+def _top(bits: int, absmax: bool) -> int:
+    return (1 << (bits - 1)) - 1 if absmax else (1 << bits) - 1
+
+
+@functools.cache
+def _reciprocal(top: int) -> float:
+    # The float32 1 / top, correctly rounded (as the PyTorch path's tensor division), once per top.
+    return float(torch.ones((), dtype=torch.float32) / torch.full((), top, dtype=torch.float32))
+
+
 def quant_encode(
-    flat: torch.Tensor, bits: int, group_size: int, absmax: bool, stochastic: bool, keys: tuple[int, int] = (0, 0)
-) -> dict[str, torch.Tensor]:
+    flat: torch.Tensor, bits: int, group_size: int, absmax: bool, stochastic: bool, keys: tuple[int, int] = (0, 0),
+    *, tile: int | None = None, warps: int | None = None, group_threads: int | None = None,
+) -> dict[str, torch.Tensor]:  # fmt: skip
     """The ``quant`` payload buffers of ``flat`` (contiguous 1-D): ``codes`` and ``lo``/``span`` or ``absmax``.
 
     ``keys``: the two 32-bit keys of the random stream (``actzip.codecs.quant.stream_keys``), used with
     ``stochastic``. A group holding inf or NaN, or whose range overflows, gets zero codes and NaN parameters.
+    ``tile``, ``warps``, ``group_threads``: the launch's shape (see :func:`geometry`; any gives the same bytes).
     No host synchronization.
     """
     if bits not in (1, 2, 4, 8):
@@ -398,40 +475,39 @@ def quant_encode(
     p0 = torch.empty(n_groups, dtype=torch.float32, device=dev)
     p1 = p0 if absmax else torch.empty_like(p0)
     if n_groups:
-        gp, bg, warps = _tile(g)
-        top = (1 << (bits - 1)) - 1 if absmax else (1 << bits) - 1
-        quant_encode_kernel[(-(-n_groups // bg),)](
-            x, codes, p0, p1, n, n_groups, _signed(keys[0]), _signed(keys[1]),
-            G=g, GP=gp, BG=bg, BITS=bits, PER=8 // bits, TOP=top, ABSMAX=absmax, STOCHASTIC=stochastic,
-            IN_BF16=in_bf16, num_warps=warps, **_LAUNCH,
+        geo = geometry(g, flat.element_size(), bits, tile, group_threads, warps)
+        grid, opts = _launch(geo, n_groups, n_groups * g)
+        top = _top(bits, absmax)
+        quant_encode_kernel[grid](
+            x, _words(codes, geo, bits), p0, p1, n, n_groups, _signed(keys[0]), _signed(keys[1]),
+            BITS=bits, TOP=top, OFF=top if absmax else 0, ABSMAX=absmax, STOCHASTIC=stochastic, IN_BF16=in_bf16,
+            **geo, **opts,
         )  # fmt: skip
     return {"codes": codes, "absmax": p0} if absmax else {"codes": codes, "lo": p0, "span": p1}
 
 
 def quant_decode(
-    codes: torch.Tensor,
-    p0: torch.Tensor,
-    p1: torch.Tensor | None,
-    n: int,
-    dtype: torch.dtype,
-    bits: int,
-    group_size: int,
-    absmax: bool,
-) -> torch.Tensor:
+    codes: torch.Tensor, p0: torch.Tensor, p1: torch.Tensor | None, n: int, dtype: torch.dtype, bits: int,
+    group_size: int, absmax: bool, *, tile: int | None = None, warps: int | None = None,
+    group_threads: int | None = None,
+) -> torch.Tensor:  # fmt: skip
     """The first ``n`` elements (1-D, ``dtype``) of a ``quant`` payload: ``p0``/``p1`` are ``lo``/``span``, or
-    ``absmax`` and ``None``. No host synchronization."""
+    ``absmax`` and ``None``. ``tile``, ``warps``, ``group_threads``: as for :func:`quant_encode`.
+    No host synchronization."""
     g = check_group_size(group_size)
     out, out_k, out_bf16 = _output(n, dtype, codes.device)
     n_groups = -(-n // g)
     _need("codes", codes, n_groups * g * bits // 8)
     _need("the group parameters", p0, n_groups)
     if n_groups:
-        gp, bg, warps = _tile(g)
-        top = (1 << (bits - 1)) - 1 if absmax else (1 << bits) - 1
-        quant_decode_kernel[(-(-n_groups // bg),)](
-            codes, p0, p0 if p1 is None else p1, out_k, n, n_groups,
-            G=g, GP=gp, BG=bg, BITS=bits, PER=8 // bits, TOP=top, ABSMAX=absmax, OUT_BF16=out_bf16,
-            num_warps=warps, **_LAUNCH,
+        geo = geometry(g, out.element_size(), bits, tile, group_threads, warps)
+        grid, opts = _launch(geo, n_groups, n_groups * g)
+        top = _top(bits, absmax)
+        opts.pop("WIDE")
+        quant_decode_kernel[grid](
+            _words(codes[: n_groups * g * bits // 8], geo, bits, decode=True), p0, p0 if p1 is None else p1,
+            out_k, n, n_groups, 0,
+            BITS=bits, TOP=top, RECIP=_reciprocal(top), ABSMAX=absmax, OUT_BF16=out_bf16, **geo, **opts,
         )  # fmt: skip
     return out
 
@@ -441,15 +517,16 @@ def _fp8_constants(fmt: str) -> dict:
         mbits, bias, _ = FP8_LAYOUT[fmt]
     except KeyError:
         raise ConfigError(f"fp8 Triton kernels: format must be one of {', '.join(map(repr, FP8_LAYOUT))}") from None
-    return {"MBITS": mbits, "BIAS": bias, "SUB_UNIT": 2.0 ** (1 - bias - mbits)}
+    return {"MBITS": mbits, "BIAS": bias}
 
 
 def fp8_encode(
-    flat: torch.Tensor, fmt: str, group_size: int | None, stochastic: bool, keys: tuple[int, int] = (0, 0)
-) -> tuple[torch.Tensor, torch.Tensor]:
+    flat: torch.Tensor, fmt: str, group_size: int | None, stochastic: bool, keys: tuple[int, int] = (0, 0),
+    *, tile: int | None = None, warps: int | None = None, group_threads: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The ``fp8`` payload buffers ``(codes, scale)`` of ``flat`` (contiguous 1-D), one scale per
     ``group_size`` elements or, with ``None``, per tensor. Non-finite groups: zero codes, NaN scale.
-    No host synchronization."""
+    ``tile``, ``warps``, ``group_threads``: as for :func:`quant_encode`. No host synchronization."""
     x, in_bf16 = _input(flat)
     consts = _fp8_constants(fmt)
     top_m, top_e = math.frexp(FP8_LAYOUT[fmt][2])
@@ -469,20 +546,22 @@ def fp8_encode(
         codes = torch.empty(n_rows * g, dtype=torch.uint8, device=dev)
         scale = amax = torch.empty(n_rows, dtype=torch.float32, device=dev)
     if n_rows:
-        gp, bg, warps = _tile(g)
-        fp8_encode_kernel[(-(-n_rows // bg),)](
+        geo = geometry(g, flat.element_size(), 8, tile, ROW if group_size is None else group_threads, warps)
+        grid, opts = _launch(geo, n_rows, n_rows * g)
+        fp8_encode_kernel[grid](
             x, codes, scale, amax, n, n_rows, _signed(keys[0]), _signed(keys[1]),
-            G=g, GP=gp, BG=bg, TOP_E=top_e, TOP_FRAC=int((2 * top_m - 1) * 2**23), STOCHASTIC=stochastic,
-            IN_BF16=in_bf16, TENSOR=group_size is None, num_warps=warps, **consts, **_LAUNCH,
+            TOP_E=top_e, TOP_FRAC=int((2 * top_m - 1) * 2**23), STOCHASTIC=stochastic, IN_BF16=in_bf16,
+            TENSOR=group_size is None, **geo, **consts, **opts,
         )  # fmt: skip
     return codes, scale
 
 
 def fp8_decode(
-    codes: torch.Tensor, scale: torch.Tensor, n: int, dtype: torch.dtype, fmt: str, group_size: int | None
-) -> torch.Tensor:
+    codes: torch.Tensor, scale: torch.Tensor, n: int, dtype: torch.dtype, fmt: str, group_size: int | None,
+    *, tile: int | None = None, warps: int | None = None, group_threads: int | None = None,
+) -> torch.Tensor:  # fmt: skip
     """The first ``n`` elements (1-D, ``dtype``) of an ``fp8`` payload; ``group_size=None``: one scale.
-    No host synchronization."""
+    ``tile``, ``warps``, ``group_threads``: as for :func:`quant_encode`. No host synchronization."""
     consts = _fp8_constants(fmt)
     out, out_k, out_bf16 = _output(n, dtype, codes.device)
     g = ROW if group_size is None else check_group_size(group_size)
@@ -490,10 +569,11 @@ def fp8_decode(
     _need("codes", codes, n if group_size is None else n_rows * g)
     _need("scale", scale, 1 if group_size is None and n else n_rows)
     if n_rows:
-        gp, bg, warps = _tile(g)
-        fp8_decode_kernel[(-(-n_rows // bg),)](
-            codes, scale, out_k, n, n_rows,
-            G=g, GP=gp, BG=bg, BIG=torch.finfo(dtype).max, OUT_BF16=out_bf16, TENSOR=group_size is None,
-            num_warps=warps, **consts, **_LAUNCH,
+        geo = geometry(g, out.element_size(), 8, tile, ROW if group_size is None else group_threads, warps)
+        grid, opts = _launch(geo, n_rows, n_rows * g)
+        opts.pop("WIDE")
+        fp8_decode_kernel[grid](
+            codes, scale, out_k, n, n_rows, BIG=torch.finfo(dtype).max, OUT_BF16=out_bf16,
+            TENSOR=group_size is None, **geo, **consts, **opts,
         )  # fmt: skip
     return out
