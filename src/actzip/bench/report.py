@@ -90,8 +90,9 @@ def _ffn_section(path: Path, root: Path) -> str:
     recs = recs if isinstance(recs, list) else [recs]
     recs.sort(key=lambda r: (-r["config"]["d"], r["config"]["rows"], r["config"]["density"]))
     c0 = recs[0]["config"]
+    fp8 = " (fp8 matmuls: up and down as Fp8Linear)" if c0.get("matmul") == "fp8" else ""
     lines = [
-        "\n## Residual ReLU² FFN stack: peak memory and step time\n",
+        f"\n## Residual ReLU² FFN stack: peak memory and step time{fp8}\n",
         f"{c0['n_blocks']} blocks x + down(relu(up(rms(x)))²), hidden = {c0['hidden_ratio']}·d, {c0['dtype']}, "
         "loss |y − x|.mean, xavier weights; \"low\" density shifts up's weights (measured density shown). Each cell: "
         "step time (fwd+bwd, median of interleaved rounds) and peak memory, relative to `none` in the same run. "
@@ -313,12 +314,11 @@ def _wire_section(path: Path, root: Path) -> str:
 
 def build(root: Path) -> str:
     out = [HEADER]
-    sections = [("kernels.json", _kernels_section), ("ffn.json", _ffn_section), ("gpt.json", _gpt_section),
+    sections = [("kernels.json", _kernels_section), ("ffn*.json", _ffn_section), ("gpt*.json", _gpt_section),
                 ("bits.json", _bits_section)]
     for machine_dir in sorted(p for p in (root / "results").glob("*") if p.is_dir() and p.name != "demo"):
-        for name, fn in sections:
-            if (machine_dir / name).exists():
-                out.append(fn(machine_dir / name, root))
+        for pattern, fn in sections:
+            out.extend(fn(p, root) for p in sorted(machine_dir.glob(pattern)))
         out.extend(_presets_section(p, root) for p in sorted(machine_dir.glob("presets*.json")))
         out.extend(_lora_section(p, root) for p in sorted(machine_dir.glob("lora*.json")))
         out.extend(_cache_section(p, root) for p in sorted(machine_dir.glob("cache*.json")))
