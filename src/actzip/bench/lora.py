@@ -246,13 +246,18 @@ def grad_a_error(model, batch: dict, seed: int, lam: float = 1e-6, extra_rank: i
     LoRA on the same weights, batch and dropout masks; also whether every lora_B gradient was bit-identical."""
     import actzip.lora
 
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     def grads():
         model.zero_grad(set_to_none=True)
         torch.manual_seed(seed)
-        model(**_model_args(batch)).loss.backward()
+        # cuDNN's and flash attention's backward add with atomics (they differ run to run even in deterministic
+        # mode, which only warns for them): the math backend, for this comparison only
+        with sdpa_kernel([SDPBackend.MATH]):
+            model(**_model_args(batch)).loss.backward()
         return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    # GPU kernels with atomic adds (attention backward) differ run to run: pin them for this comparison only
+    # Other GPU kernels with atomic adds differ run to run too: pin them for this comparison only
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
