@@ -247,3 +247,46 @@ def test_a_node_that_saves_its_output_does_not_keep_the_graph_alive():
         ref = StorageWeakRef(r.untyped_storage())
         del r, loss
         assert ref.expired()
+
+
+def test_mostly_zero_decision_is_remembered_per_save_site(monkeypatch):
+    from actzip.memory import rules as rules_mod
+
+    calls = []
+    real = rules_mod.zero_fraction
+    monkeypatch.setattr(rules_mod, "zero_fraction", lambda t, *a: calls.append(tuple(t.shape)) or real(t, *a))
+    torch.manual_seed(0)
+    lin1, lin2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+    x = torch.randn(32, 64, requires_grad=True)
+    cache = ActivationCache(CacheConfig(min_bytes=0, recheck_every=3))
+
+    def step():
+        with cache:
+            a = lin1(x)
+            y = lin2(torch.relu(a)).sum() + torch.tanh(a).sum()  # tanh keeps its dense output
+        y.backward()
+        return {k: v.tensors for k, v in cache.last.by_rule.items()}
+
+    first = step()
+    sampled = len(calls)
+    assert sampled == 2 and first["sparse"] == 1 and first["dense"] == 1  # relu's output is mostly zeros
+    assert step() == first and step() == first and len(calls) == sampled  # remembered: no sample, same decisions
+    step()  # the 3rd reuse is over: each site is sampled again
+    assert len(calls) == 2 * sampled
+    calls.clear()
+    with cache:  # another shape at the same sites: sampled afresh
+        a = lin1(torch.randn(16, 64))
+        lin2(torch.relu(a)).sum() + torch.tanh(a).sum()
+    assert len(calls) == sampled
+
+
+def test_recheck_every_zero_samples_every_time_and_bad_values_fail():
+    with pytest.raises(ConfigError, match="recheck_every"):
+        CacheConfig(recheck_every=-1)
+    cache = ActivationCache(CacheConfig(min_bytes=0, recheck_every=0))
+    rule = next(r for r in cache.rules if r.name == "sparse")
+    x = torch.relu(torch.randn(1000))
+    with cache:
+        for _ in range(3):
+            rule.when(x)
+    assert rule.when.samples == 3

@@ -84,7 +84,7 @@ from actzip.memory.roles import (
     RoleTracker,
     current_role,
 )
-from actzip.memory.rules import CacheConfig, Rule, default_rules, is_leaf_storage, zero_fraction
+from actzip.memory.rules import CacheConfig, MostlyZero, Rule, default_rules, is_leaf_storage
 from actzip.memory.saved import ActivationCache
 
 DEFAULT_MIN_BYTES = CacheConfig().min_bytes
@@ -188,7 +188,8 @@ def _role_rule(role: str, how: str, cfg: CacheConfig, group_size: int, seed: int
         return Rule(f"{role}:{KEPT}{suffix}", is_role, offload=off)
     if base == "sparse":
         codec = registry.get("sparse")
-        sparse = lambda t: is_role(t) and zero_fraction(t) >= cfg.min_zero_fraction  # noqa: E731
+        mostly_zero = MostlyZero(cfg.min_zero_fraction, cfg.recheck_every)
+        sparse = lambda t: is_role(t) and mostly_zero(t)  # noqa: E731
         return Rule(f"{role}:sparse{suffix}", sparse, codec, offload=off)
     if base.startswith("quant"):
         bits_s, _, rounding_s = base[len("quant"):].partition("-")

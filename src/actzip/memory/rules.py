@@ -92,6 +92,10 @@ class CacheConfig:
     min_zero_fraction: float = 0.3  # compress when at least this fraction is exactly +0.0 (bf16 then shrinks >= 24%)
     min_bytes: int = 64 * 1024  # smaller tensors are kept: the work would outweigh the bytes saved
     dedup: bool = True  # a tensor saved twice (same storage, view and version) is stored once
+    # Steps for which the mostly-zero decision about a save site (the n-th save of a `with` block, same shape and
+    # dtype) is reused before that tensor is sampled again. Sampling waits for the GPU (one host synchronization
+    # per tensor); reusing costs nothing. 0: sample every tensor every time. The codec stays lossless either way.
+    recheck_every: int = 50
     allow_lossy: bool = False  # refuse a lossy codec unless set, so "lossless" is never broken by accident
 
     def __post_init__(self) -> None:
@@ -99,6 +103,8 @@ class CacheConfig:
             raise ConfigError(f"CacheConfig.min_zero_fraction must be in [0, 1], got {self.min_zero_fraction!r}")
         if self.min_bytes < 0:
             raise ConfigError(f"CacheConfig.min_bytes must be >= 0, got {self.min_bytes!r}")
+        if isinstance(self.recheck_every, bool) or not isinstance(self.recheck_every, int) or self.recheck_every < 0:
+            raise ConfigError(f"CacheConfig.recheck_every must be an int >= 0, got {self.recheck_every!r}")
         codec = registry.get(self.codec, **self.codec_options)  # unknown names/options fail here, at config time
         if not codec.lossless and not self.allow_lossy:
             raise ConfigError(
@@ -143,6 +149,37 @@ def zero_fraction(t: torch.Tensor, sample: int = ZERO_FRACTION_SAMPLE) -> float:
     return 1.0 - int(torch.count_nonzero(bits)) / bits.numel()
 
 
+class MostlyZero:
+    """``when`` of a rule: is at least ``threshold`` of the tensor +0.0 (:func:`zero_fraction`)?
+
+    The answer is remembered per save site of the open :class:`~actzip.memory.ActivationCache` (the n-th save
+    of its ``with`` block, with the same shape, dtype and device) and reused for ``recheck_every`` steps before
+    the tensor is sampled again: a training loop saves the same tensors in the same order each step, and each
+    sample waits for the GPU. Outside a cache every tensor is sampled.
+    """
+
+    def __init__(self, threshold: float, recheck_every: int = 50) -> None:
+        self.threshold, self.recheck_every = threshold, recheck_every
+        self._seen: dict[tuple, list] = {}  # site -> [decision, uses left]
+        self.samples = 0  # tensors sampled (each one a host synchronization on a GPU)
+
+    def __call__(self, t: torch.Tensor) -> bool:
+        from actzip.memory.saved import current_cache  # saved imports this module
+
+        cache = current_cache()
+        index = None if cache is None or not self.recheck_every else cache.save_index
+        site = None if index is None else (index, tuple(t.shape), t.dtype, t.device)
+        hit = self._seen.get(site) if site is not None else None
+        if hit is not None and hit[1] > 0:
+            hit[1] -= 1
+            return hit[0]
+        self.samples += 1
+        decision = zero_fraction(t) >= self.threshold
+        if site is not None:
+            self._seen[site] = [decision, self.recheck_every - 1]
+        return decision
+
+
 def default_rules(config: CacheConfig | None = None) -> list[Rule]:
     """The safe rule set: leaf -> kept, unsupported -> kept, small -> kept, sparse -> codec, dense -> kept."""
     cfg = config or CacheConfig()
@@ -155,7 +192,7 @@ def default_rules(config: CacheConfig | None = None) -> list[Rule]:
         Rule("leaf", is_leaf_storage),
         Rule("unsupported", lambda t: codec.supports(t) is not None),
         Rule("small", lambda t: nbytes(t) < cfg.min_bytes),
-        Rule(cfg.codec, lambda t: zero_fraction(t) >= cfg.min_zero_fraction, codec),
+        Rule(cfg.codec, MostlyZero(cfg.min_zero_fraction, cfg.recheck_every), codec),
         Rule("dense", lambda t: True),
     ]
 

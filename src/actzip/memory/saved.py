@@ -93,6 +93,9 @@ class ActivationCache:
         self._account: StepAccount | None = None
         self._seen: dict[tuple, tuple[StorageWeakRef, weakref.ref]] = {}
         self._rule_of: dict[int, Rule | None] = {}  # id of a live lossy save -> the rule that made it
+        # saves stored so far in the open `with` block, minus one: names a save site (None while rules are only
+        # asked about a tensor, not storing it)
+        self.save_index: int | None = -1
 
     @classmethod
     def count_only(cls) -> "ActivationCache":
@@ -109,6 +112,7 @@ class ActivationCache:
         if self._hooks is not None:
             raise RuntimeError("ActivationCache is already active; it cannot be entered twice at once")
         self._account = StepAccount()
+        self.save_index = -1
         self._seen.clear()
         self._rule_of.clear()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -162,9 +166,14 @@ class ActivationCache:
         return saved
 
     def _rule_for(self, t: torch.Tensor) -> Rule | None:
-        return next((rule for rule in self.rules if rule.matches(t)), None)
+        index, self.save_index = self.save_index, None  # a question about t, not a save: no save site
+        try:
+            return next((rule for rule in self.rules if rule.matches(t)), None)
+        finally:
+            self.save_index = index
 
     def _store(self, t: torch.Tensor) -> tuple[_Saved, Rule | None]:
+        self.save_index += 1
         dense = t.numel() * t.element_size()
         for rule in self.rules:
             if rule.matches(t):
