@@ -128,7 +128,7 @@ def _set_fused(blocks: nn.ModuleList, codec, arena=None) -> None:
             b.down.config = dataclasses.replace(b.down.config, recast_input=codec is not None)
 
 
-def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> dict:
+def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> tuple[dict, dict, dict]:
     """A step function per strategy: forward + backward, gradients dropped after.
 
     Arena strategies are primed here: one untimed step measures the payload bytes, then the arena is sized.
@@ -168,13 +168,14 @@ def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> d
             step(strategy)
             arena.fit()
     steps = {s: (lambda s=s: step(s)) for s in cfg.strategies}
-    held = {s: (lambda a=a: a.capacity_bytes) for s, (_, a) in fused.items() if a is not None}
-    return steps, held
+    arenas = {s: a for s, (_, a) in fused.items() if a is not None and s in cfg.strategies}
+    held = {s: (lambda a=a: a.capacity_bytes) for s, a in arenas.items()}
+    return steps, held, arenas
 
 
 def check_gradients(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> dict:
     """Max |grad - grad of none| per strategy over every parameter, on one step (0: bit-identical)."""
-    steps, _ = make_steps(cfg, blocks, x)
+    steps, _, _ = make_steps(cfg, blocks, x)
     grads: dict[str, dict[int, torch.Tensor]] = {}
     for strategy in cfg.strategies:
         got: dict[int, torch.Tensor] = {}
@@ -212,6 +213,10 @@ def run_ffn(cfg: FFNBenchConfig, device: torch.device, progress=None) -> dict:
     x = make_input(cfg, device)
     density = measured_density(blocks, x)
     grad_diff = check_gradients(cfg, blocks, x)
-    steps, held = make_steps(cfg, blocks, x)
+    steps, held, arenas = make_steps(cfg, blocks, x)
+    refused = {s: a.overflows() for s, a in arenas.items()}  # the priming step's refusals (empty arena)
     results = run_interleaved(steps, device, rounds=cfg.rounds, warmup=cfg.warmup, progress=progress, held=held)
-    return {**result_record(cfg, results, density, grad_diff), "skipped": skipped, "machine": machine_record(device)}
+    record = result_record(cfg, results, density, grad_diff)
+    for r in record["runs"]:  # payloads the arena had no room for in the timed steps (each one recomputed)
+        r["arena_refusals"] = arenas[r["strategy"]].overflows() - refused[r["strategy"]] if r["strategy"] in arenas else None
+    return {**record, "skipped": skipped, "machine": machine_record(device)}

@@ -101,12 +101,15 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
             step(strategy)
             arena.fit()
         held = {s: (lambda a=a: a.capacity_bytes) for s, a in arenas.items()}
+        refused = {s: a.overflows() for s, a in arenas.items()}  # the priming step's refusals (empty arena)
         results = run_interleaved({s: (lambda s=s: step(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
                                   warmup=cfg.warmup, progress=progress, held=held)
+        # payloads the arena had no room for in the timed steps (each one recomputed: a matmul more)
+        refused = {s: a.overflows() - refused[s] for s, a in arenas.items()}
         base = results["none"]
         for name, r in results.items():
             runs.append({
-                "seq_len": seq, "batch": batch, "strategy": name, **r.summary(),
+                "seq_len": seq, "batch": batch, "strategy": name, **r.summary(), "arena_refusals": refused.get(name),
                 "peak_bytes_per_token": r.peak_bytes / cfg.tokens_per_step if r.peak_bytes else None,
                 "time_vs_none": r.median_ms / base.median_ms,
                 "peak_vs_none": r.peak_bytes / base.peak_bytes if r.peak_bytes and base.peak_bytes else None,
