@@ -129,7 +129,8 @@ def _set_fused(blocks: nn.ModuleList, codec, arena=None) -> None:
 
 
 def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> tuple[dict, dict, dict]:
-    """A step function per strategy: forward + backward, gradients dropped after.
+    """A step function per strategy (forward + backward, gradients dropped after), the bytes each arena strategy
+    holds between steps, and the arenas.
 
     Arena strategies are primed here: one untimed step measures the payload bytes, then the arena is sized.
     """
