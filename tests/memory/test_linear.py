@@ -177,3 +177,24 @@ def test_sketch_linears_():
     assert names == ["2.1"] and model[2][1].rank == 2 and model[2][1].kind == "sign"
     with pytest.raises(ConfigError):
         sketch_linears_(nn.Sequential(nn.Linear(2, 2)), rank_ratio=0)
+
+
+def test_chunked_rows_match_the_whole_product(monkeypatch):
+    # Large inputs are cast to float32 a slice of rows at a time (no full-size float32 temporary): the same
+    # sketch and the same gradient factors, up to float32 summation order.
+    from actzip.memory import linear as lin_mod
+
+    torch.manual_seed(0)
+    base = nn.Linear(32, 24).to(torch.bfloat16)
+    x = torch.randn(4, 50, 32, dtype=torch.bfloat16)
+    grads = {}
+    for rows in (10_000, 16):  # one slice / many slices (the last one partial)
+        monkeypatch.setattr(lin_mod, "CHUNK_ROWS", rows)
+        sk = SketchedLinear(base, rank=8, seed=3, factored_grad=True)
+        sk.weight.grad = None
+        sk(x).float().pow(2).sum().backward()
+        grads[rows] = (sk.weight.grad.float().clone(), [f.clone() for f in sk.weight.actzip_factors])
+        del sk.weight.actzip_factors
+    (g_whole, f_whole), (g_chunk, f_chunk) = grads[10_000], grads[16]
+    assert torch.allclose(f_whole[0], f_chunk[0], rtol=1e-5, atol=1e-5) and torch.equal(f_whole[1], f_chunk[1])
+    assert torch.allclose(g_whole, g_chunk, rtol=1e-2, atol=1e-3)

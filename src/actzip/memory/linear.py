@@ -28,6 +28,32 @@ def _work(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# Rows of the input (forward) or of the output gradient (backward) cast to the working precision at a time: a
+# float32 copy of a whole [tokens x features] tensor is a temporary as large as the activation the sketch saves.
+CHUNK_ROWS = 4096
+
+
+def _gram_left(g2: torch.Tensor, xs2: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+    """``G^T (x S)`` ``[out, k]`` in ``work`` precision, ``CHUNK_ROWS`` rows of ``G`` cast at a time."""
+    if g2.dtype == work and xs2.dtype == work or g2.shape[0] <= CHUNK_ROWS:
+        return g2.to(work).t().matmul(xs2.to(work))
+    left = torch.zeros(g2.shape[1], xs2.shape[1], dtype=work, device=g2.device)
+    for i in range(0, g2.shape[0], CHUNK_ROWS):
+        left.addmm_(g2[i:i + CHUNK_ROWS].to(work).t(), xs2[i:i + CHUNK_ROWS].to(work))
+    return left
+
+
+def _sketch_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """:func:`sketch_apply` (``x S`` in ``S``'s dtype), ``CHUNK_ROWS`` rows of ``x`` cast at a time."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x.dtype == s.dtype or x2.shape[0] <= CHUNK_ROWS:
+        return sketch_apply(x, s)
+    out = torch.empty(x2.shape[0], s.shape[1], dtype=s.dtype, device=x.device)
+    for i in range(0, x2.shape[0], CHUNK_ROWS):
+        out[i:i + CHUNK_ROWS] = sketch_apply(x2[i:i + CHUNK_ROWS], s)
+    return out.reshape(*x.shape[:-1], s.shape[1])
+
+
 class SketchedLinearFunction(torch.autograd.Function):
     """``F.linear(x, weight, bias)`` that saves ``x S`` and ``weight`` (not ``x``) for backward.
 
@@ -43,7 +69,7 @@ class SketchedLinearFunction(torch.autograd.Function):
         ctx.owner = owner
         if ctx.needs_input_grad[1]:
             s = sketch_matrix(d, rank, seed, kind, x.device, _work(x.dtype))
-            xs = sketch_apply(x.detach(), s).to(x.dtype)
+            xs = _sketch_rows(x.detach(), s).to(x.dtype)
             record_external("sketch", x.numel() * x.element_size(), xs.numel() * xs.element_size())
         else:
             xs = None
@@ -59,9 +85,8 @@ class SketchedLinearFunction(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_y.sum(dim=tuple(range(grad_y.dim() - 1)))
         if ctx.needs_input_grad[1]:
-            work = _work(weight.dtype)
-            g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(work)
-            left = g2.t().matmul(xs.reshape(-1, ctx.rank).to(work))  # [out, k]
+            left = _gram_left(grad_y.reshape(-1, grad_y.shape[-1]), xs.reshape(-1, ctx.rank), _work(weight.dtype))
+            work = left.dtype
             right = sketch_matrix(ctx.d, ctx.rank, ctx.seed, ctx.kind, weight.device, work).t()  # [k, in]
             grad_w = left.matmul(right).to(weight.dtype)
             owner = ctx.owner() if ctx.owner is not None else None
