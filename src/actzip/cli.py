@@ -242,6 +242,10 @@ def _bench_lora(args: argparse.Namespace) -> int:
         t.add_row(r["method"], f"{r['median_ms']:.1f}", f"{r['time_vs_lora'] - 1:+.1%}", pk, pv, sv, sr,
                   f"{r['final_train_loss']:.4f}", f"{r['test_accuracy']:.1%}", f"{r['accuracy_vs_lora_points']:+.1f}")
     console.print(t)
+    if cfg.seeds > 1:
+        console.print(f"test accuracy over {cfg.seeds} seeds: " + "; ".join(
+            f"{r['method']} {r['test_accuracy_mean']:.1%} ± {r['test_accuracy_std']:.1%} "
+            f"({r['mean_accuracy_vs_lora_points']:+.1f} points)" for r in record["runs"]))
     for r in record["runs"]:
         e = r.get("grad_a_rel_error")
         if e is not None:
@@ -438,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--config", default="quick", help="quick (CPU, ~1-2 min, default) or h200")
     lb.add_argument("--methods", help="comma-separated, from lora,lora+checkpoint,fa,care,care+K (K: extra_rank)")
     lb.add_argument("--steps", type=int, help="fine-tuning steps per method")
+    lb.add_argument("--seeds", type=int, help="fine-tuning runs per method (the first timed; the others add test accuracies)")
     lb.add_argument("--pretrain-steps", type=int, dest="pretrain_steps")
     lb.add_argument("--batch-size", type=int, dest="batch_size")
     lb.add_argument("--rank", type=int)

@@ -44,6 +44,20 @@ def test_run_lora_records_every_method(tmp_path, monkeypatch):
     assert rec["machine"]["torch"] == torch.__version__
 
 
+def test_seeds_add_untimed_accuracies(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    rec = run_lora(micro(methods=("lora", "lora+checkpoint", "care"), seeds=3), torch.device("cpu"))
+    runs = {r["method"]: r for r in rec["runs"]}
+    for r in runs.values():
+        accs = r["test_accuracy_seeds"]
+        assert len(accs) == 3 and accs[0] == r["test_accuracy"] and r["test_accuracy_std"] >= 0
+        assert r["test_accuracy_mean"] == pytest.approx(sum(accs) / 3)
+    # the extra runs repeat the timed run's recipe: checkpointing changes no number, whatever the seed
+    assert runs["lora+checkpoint"]["test_accuracy_seeds"] == runs["lora"]["test_accuracy_seeds"]
+    assert runs["care"]["mean_accuracy_vs_lora_points"] == pytest.approx(
+        100 * (runs["care"]["test_accuracy_mean"] - runs["lora"]["test_accuracy_mean"]))
+
+
 def test_cli_and_report(tmp_path, monkeypatch):
     monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
     out = tmp_path / "results" / "cpu" / "lora-test.json"
@@ -65,4 +79,6 @@ def test_config_errors():
         LoRABenchConfig(methods=("care",))
     with pytest.raises(ConfigError, match="unknown"):
         LoRABenchConfig.preset("a100")
+    with pytest.raises(ConfigError, match="seeds"):
+        LoRABenchConfig(seeds=0)
     assert LoRABenchConfig.preset("h200").dtype == "bfloat16"

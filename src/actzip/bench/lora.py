@@ -80,6 +80,10 @@ class LoRABenchConfig:
     # task
     task: SnippetTaskConfig = field(default_factory=lambda: SnippetTaskConfig(train_size=2048, test_size=512))
     seed: int = 0
+    # fine-tuning runs per method: the first is timed; the others (seeds seed+1, ...: other adapter initializations,
+    # batches and dropout masks; untimed, one method after another) only add test accuracies, so that a difference
+    # between methods can be told from run-to-run spread
+    seeds: int = 1
     log_every: int = 5  # keep every n-th training loss in the record
     threads: int = 0  # CPU threads for torch (0: its default); tiny matmuls gain nothing from more, and lose on a busy CPU
 
@@ -95,6 +99,8 @@ class LoRABenchConfig:
             raise ConfigError(f"lora bench: dropout_mask {self.dropout_mask!r} is not one of {list(DROPOUT_MASKS)}")
         if self.adapter_dtype not in ("peft", "model"):
             raise ConfigError(f"lora bench: adapter_dtype {self.adapter_dtype!r} is not 'peft' or 'model'")
+        if isinstance(self.seeds, bool) or not isinstance(self.seeds, int) or self.seeds < 1:
+            raise ConfigError(f"lora bench: seeds must be an int >= 1, got {self.seeds!r}")
         if self.steps <= self.warmup:
             raise ConfigError(f"lora bench: steps ({self.steps}) must exceed warmup ({self.warmup})")
 
@@ -305,6 +311,8 @@ def _run_lora(cfg: LoRABenchConfig, device: torch.device, progress=None) -> dict
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
         state[method] = {"model": model, "opt": opt, "report": report, "losses": [], "step": 0,
                          "gen": torch.Generator().manual_seed(cfg.seed + 2)}  # the same batches for every method
+    extra = {m: [_finetune_accuracy(replace(cfg, seed=cfg.seed + i), pretrained, m, task, device)
+                 for i in range(1, cfg.seeds)] for m in cfg.methods}
     del pretrained
 
     # saved bytes of one forward (untimed, no optimizer step); checkpointing keeps its own, not counted
@@ -353,6 +361,11 @@ def _run_lora(cfg: LoRABenchConfig, device: torch.device, progress=None) -> dict
         if s["report"] is not None:
             run["layers_compressed"] = len(s["report"].compressed)
             run["layers_plain"] = [list(p) for p in s["report"].plain]
+        if cfg.seeds > 1:
+            accs = [run["test_accuracy"], *extra[method]]
+            run["test_accuracy_seeds"] = accs
+            run["test_accuracy_mean"] = statistics.fmean(accs)
+            run["test_accuracy_std"] = statistics.stdev(accs)
         if _extra_rank(method) is not None:
             run["grad_a_rel_error"] = grad_a_error(s["model"], errors_batch, cfg.seed + 5, cfg.lam, _extra_rank(method),
                                                    cfg.dropout_mask)
@@ -364,6 +377,8 @@ def _run_lora(cfg: LoRABenchConfig, device: torch.device, progress=None) -> dict
         r["saved_vs_lora"] = (r["saved_bytes"]["total"] / ref["saved_bytes"]["total"]
                               if r["saved_bytes"] and ref["saved_bytes"] else None)
         r["accuracy_vs_lora_points"] = 100 * (r["test_accuracy"] - ref["test_accuracy"])
+        if cfg.seeds > 1:  # the mean over seeds: the figure the accuracy target is checked on
+            r["mean_accuracy_vs_lora_points"] = 100 * (r["test_accuracy_mean"] - ref["test_accuracy_mean"])
     return {
         "config": asdict(cfg), "machine": machine_record(device), "device": str(device),
         "model": {"params": params, "layers": cfg.layers, "hidden": cfg.hidden, "ffn": cfg.ffn},
@@ -378,8 +393,26 @@ def _targets(runs: list[dict]) -> dict:
     care = next((r for r in runs if r["method"] == "care"), None)
     if care is None:
         return {}
+    points = care.get("mean_accuracy_vs_lora_points", care["accuracy_vs_lora_points"])
     return {
         "peak_at_most_0.7x_lora": None if care["peak_vs_lora"] is None else care["peak_vs_lora"] <= 0.7,
         "time_at_most_1.1x_lora": care["time_vs_lora"] <= 1.1,
-        "accuracy_within_1_point": abs(care["accuracy_vs_lora_points"]) <= 1.0,
+        "accuracy_within_1_point": abs(points) <= 1.0,
     }
+
+
+def _finetune_accuracy(cfg: LoRABenchConfig, pretrained, method: str, task: SnippetClassification, device) -> float:
+    """Test accuracy of one untimed fine-tuning run of ``method`` from ``pretrained`` with ``cfg.seed``: the same
+    steps, adapter initialization, batches and dropout masks as the timed run would take with that seed."""
+    model, _ = _peft(cfg, pretrained, method)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(cfg.seed + 2)
+    for step in range(cfg.steps):
+        batch = task.get_batch("train", cfg.batch_size, gen, device)
+        torch.manual_seed(cfg.seed * 100_003 + step)
+        model(**_model_args(batch)).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    acc = evaluate(model, task, cfg, device)["test_accuracy"]
+    del model, opt
+    return acc

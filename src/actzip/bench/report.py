@@ -262,6 +262,13 @@ def _lora_section(path: Path, root: Path) -> str:
             lines.append(f"- `{r['method']}`: median over layers {e['median']:.1%}, all layers together "
                          f"{e['global']:.1%}, range {e['min']:.1%} to {e['max']:.1%}; every grad_B bit-identical to "
                          f"LoRA's: {e['grad_b_bit_identical']}")
+    seeded = [r for r in rec["runs"] if r.get("test_accuracy_seeds")]
+    if seeded:
+        n = len(seeded[0]["test_accuracy_seeds"])
+        lines.append(f"\nTest accuracy over {n} fine-tuning runs per method (seeds: adapter initialization, batches, "
+                     "dropout masks; the first run is the timed one): " + "; ".join(
+                         f"`{r['method']}` {r['test_accuracy_mean']:.1%} ± {r['test_accuracy_std']:.1%} "
+                         f"({r['mean_accuracy_vs_lora_points']:+.1f} points)" for r in seeded) + ".")
     lines.append("\nCARE targets: " + ", ".join(f"{k} {v}" for k, v in rec["targets"].items()) + ".")
     return "\n".join(lines) + "\n"
 
