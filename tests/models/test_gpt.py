@@ -278,3 +278,15 @@ def test_rebuild_saved_gives_identical_grads_and_keeps_less(activation):
     rebuilt = runs[True][1].by_rule["rebuilt"]
     assert rebuilt.tensors == 3 * model.config.n_layer and rebuilt.stored_bytes == 0
     assert runs[True][1].bytes_after < runs[False][1].bytes_after
+
+
+def test_rebuild_saved_stands_aside_inside_checkpointed_blocks():
+    from actzip.memory import ActivationCache
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", checkpoint_blocks=True, rebuild_saved=True))
+    idx = torch.randint(0, 256, (2, 33))
+    with ActivationCache.count_only() as cache:
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    assert "rebuilt" not in cache.last.by_rule  # the checkpoint keeps nothing of a block: nothing to rebuild

@@ -137,10 +137,15 @@ class CausalSelfAttention(nn.Module):
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
         merged = _merge_heads(y)
-        if not (self.config.rebuild_saved and torch.is_grad_enabled()):
+        if not _rebuilding(self.config):
             return self.resid_dropout(self.c_proj(merged))
         with rebuild_saved([(merged, recompute(_merge_heads, y))]):  # y: kept by the attention's backward
             return self.resid_dropout(self.c_proj(merged))
+
+
+def _rebuilding(config: GPTConfig) -> bool:
+    # Checkpointed blocks keep nothing of their inside anyway; rebuild hooks there would keep what they save.
+    return config.rebuild_saved and not config.checkpoint_blocks and torch.is_grad_enabled()
 
 
 def _merge_heads(y: torch.Tensor) -> torch.Tensor:
@@ -177,7 +182,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.config.rebuild_saved and torch.is_grad_enabled()):
+        if not _rebuilding(self.config):
             x = x + self.attn(self.ln_1(x))
             return x + self.mlp(self.ln_2(x))
         for norm, sub in ((self.ln_1, self.attn), (self.ln_2, self.mlp)):
