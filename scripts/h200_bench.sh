@@ -2,7 +2,8 @@
 # Every GPU figure in results/: run on the device machine from the repository root, with PYTHONPATH=src.
 # Usage: scripts/h200_bench.sh OUT_DIR [stage...]
 #   stages: tests kernels ffn gpt bits demo quant cache lora wire (default: all; more than 10 minutes in all),
-#   and wire-nccl (2 GPUs)
+#   ffn-fp8, lora-seeds (3 fine-tuning runs per method for the accuracy spread; about 5 minutes), and wire-nccl
+#   (2 GPUs)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -25,12 +26,19 @@ parts = sorted((out / "ffn-parts").glob("*.json"))
 json.dump([json.loads(p.read_text()) for p in parts], open(out / "ffn.json", "w"), indent=1)
 PY
       rm -rf "$out/ffn-parts" ;;
+    ffn-fp8)  # the same stack with float8 matmuls (Fp8Linear), 16k rows, both densities
+      for density in mid low; do
+        az bench ffn --matmul fp8 --density $density --rounds 6 --json "$out/ffn-fp8-parts/$density.json" | tail -12
+      done
+      python3 -c "import json,pathlib,sys; o=pathlib.Path(sys.argv[1]); json.dump([json.loads(p.read_text()) for p in sorted((o/'ffn-fp8-parts').glob('*.json'))], open(o/'ffn-fp8.json','w'), indent=1)" "$out"
+      rm -rf "$out/ffn-fp8-parts" ;;
     gpt) az bench gpt --json "$out/gpt.json" ;;
     bits) az bench bits --json "$out/bits.json" ;;
     demo) az demo --no-progress --json "$out/demo-h200-small.json" ;;
     quant) az bench quant --json "$out/quant.json" ;;
     cache) az bench cache --json "$out/cache.json" ;;
     lora) az bench lora --config h200 --json "$out/lora.json" ;;
+    lora-seeds) az bench lora --config h200 --steps 100 --seeds 3 --methods lora,fa,care --json "$out/lora-seeds.json" ;;
     wire) az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 4 --batch-size 32 --microbatches 8 \
             --steps 600 --json "$out/wire.json" ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
