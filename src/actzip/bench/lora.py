@@ -305,12 +305,7 @@ def _run_lora(cfg: LoRABenchConfig, device: torch.device, progress=None) -> dict
     task = SnippetClassification(cfg.task)
     params = sum(p.numel() for p in pretrained.parameters())
 
-    state = {}
-    for method in cfg.methods:
-        model, report = _peft(cfg, pretrained, method)
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-        state[method] = {"model": model, "opt": opt, "report": report, "losses": [], "step": 0,
-                         "gen": torch.Generator().manual_seed(cfg.seed + 2)}  # the same batches for every method
+    state = {method: _finetune_state(cfg, pretrained, method) for method in cfg.methods}
     extra = {m: [_finetune_accuracy(replace(cfg, seed=cfg.seed + i), pretrained, m, task, device)
                  for i in range(1, cfg.seeds)] for m in cfg.methods}
     del pretrained
@@ -324,15 +319,7 @@ def _run_lora(cfg: LoRABenchConfig, device: torch.device, progress=None) -> dict
         s["model"].zero_grad(set_to_none=True)
 
     def step(method: str) -> None:
-        s = state[method]
-        batch = task.get_batch("train", cfg.batch_size, s["gen"], device)
-        torch.manual_seed(cfg.seed * 100_003 + s["step"])  # the same dropout masks for every method
-        loss = s["model"](**_model_args(batch)).loss
-        loss.backward()
-        s["opt"].step()
-        s["opt"].zero_grad(set_to_none=True)
-        s["losses"].append(loss.detach())
-        s["step"] += 1
+        _train_step(cfg, task, state[method], device)
 
     held = {m: (lambda m=m: _held_bytes(state[m]["model"], state[m]["opt"])) for m in cfg.methods}
     # The harness collects garbage before every step; with transformers loaded a full collection takes ~0.3-0.5 s.
@@ -404,15 +391,28 @@ def _targets(runs: list[dict]) -> dict:
 def _finetune_accuracy(cfg: LoRABenchConfig, pretrained, method: str, task: SnippetClassification, device) -> float:
     """Test accuracy of one untimed fine-tuning run of ``method`` from ``pretrained`` with ``cfg.seed``: the same
     steps, adapter initialization, batches and dropout masks as the timed run would take with that seed."""
-    model, _ = _peft(cfg, pretrained, method)
+    s = _finetune_state(cfg, pretrained, method)
+    for _ in range(cfg.steps):
+        _train_step(cfg, task, s, device)
+    return evaluate(s["model"], task, cfg, device)["test_accuracy"]
+
+
+def _finetune_state(cfg: LoRABenchConfig, pretrained, method: str) -> dict:
+    """A fresh peft model of ``method`` from ``pretrained``, its optimizer, and the batch stream of ``cfg.seed``
+    (the same batches for every method)."""
+    model, report = _peft(cfg, pretrained, method)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(cfg.seed + 2)
-    for step in range(cfg.steps):
-        batch = task.get_batch("train", cfg.batch_size, gen, device)
-        torch.manual_seed(cfg.seed * 100_003 + step)
-        model(**_model_args(batch)).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    acc = evaluate(model, task, cfg, device)["test_accuracy"]
-    del model, opt
-    return acc
+    return {"model": model, "opt": opt, "report": report, "losses": [], "step": 0,
+            "gen": torch.Generator().manual_seed(cfg.seed + 2)}
+
+
+def _train_step(cfg: LoRABenchConfig, task: SnippetClassification, s: dict, device) -> None:
+    """One fine-tuning step of the run in ``s`` (see :func:`_finetune_state`)."""
+    batch = task.get_batch("train", cfg.batch_size, s["gen"], device)
+    torch.manual_seed(cfg.seed * 100_003 + s["step"])  # the same dropout masks for every method
+    loss = s["model"](**_model_args(batch)).loss
+    loss.backward()
+    s["opt"].step()
+    s["opt"].zero_grad(set_to_none=True)
+    s["losses"].append(loss.detach())
+    s["step"] += 1
