@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from actzip.memory.roles import storage_key
 from actzip.memory.saved import current_cache, record_external
 
 Target = tuple[torch.Tensor, Callable[[], torch.Tensor]]
@@ -49,15 +50,6 @@ class _Open(threading.local):
 _OPEN = _Open()
 
 
-def _storage_key(t: torch.Tensor):
-    if t.layout != torch.strided:
-        return None
-    try:
-        return (t.device, t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # tensors without storage (subclasses, functional wrappers)
-        return None
-
-
 class rebuild_saved(torch.autograd.graph.saved_tensors_hooks):
     """``with rebuild_saved([(tensor, make), ...]):`` saves of ``tensor`` (or a view of it) become rebuild handles.
 
@@ -68,14 +60,14 @@ class rebuild_saved(torch.autograd.graph.saved_tensors_hooks):
 
     def __init__(self, targets: Sequence[Target]) -> None:
         keys = [(k, make) for t, make in targets
-                if t.is_contiguous() and t.storage_offset() == 0 and (k := _storage_key(t)) is not None]
+                if t.is_contiguous() and t.storage_offset() == 0 and (k := storage_key(t)) is not None]
         outer = [k for block in _OPEN.blocks for k in block]  # an enclosing block's targets stay rebuildable
         self._keys = keys
         every = keys + outer
         cache = current_cache()
 
         def pack(t: torch.Tensor):
-            key = _storage_key(t)
+            key = storage_key(t)
             if key is not None:
                 for target, make in every:
                     if key == target:

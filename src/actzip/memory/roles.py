@@ -216,7 +216,9 @@ def current_function() -> Callable | None:
     return frames[-1].func if frames else None
 
 
-def _storage(t: torch.Tensor):
+def storage_key(t: torch.Tensor):
+    """``(device, storage address)`` of ``t``, or ``None`` for a tensor without one (not strided, empty, or a
+    subclass without storage): while ``t`` is alive no other storage has that address."""
     if t.layout != torch.strided or t.numel() == 0:
         return None
     try:
@@ -236,10 +238,10 @@ def _match(t: torch.Tensor, frame: _Frame) -> tuple[str, torch.Tensor] | None:
     for name, a in args:
         if a is t:
             return name, a
-    key = _storage(t)
+    key = storage_key(t)
     if key is None:
         return None
-    same = [(name, a) for name, a in args if _storage(a) == key]
+    same = [(name, a) for name, a in args if storage_key(a) == key]
     for name, a in same:
         if a.storage_offset() == t.storage_offset() and a.shape == t.shape:
             return name, a
