@@ -180,19 +180,23 @@ def test_sketch_linears_():
 
 
 def test_chunked_rows_match_the_whole_product(monkeypatch):
-    # Large inputs are cast to float32 a slice of rows at a time (no full-size float32 temporary): the same
-    # sketch and the same gradient factors, up to float32 summation order.
+    # Inputs whose float32 copy would pass CHUNK_BYTES are cast a slice of rows at a time: the same sketch and
+    # the same gradient factors, up to float32 summation order.
     from actzip.memory import linear as lin_mod
 
     torch.manual_seed(0)
     base = nn.Linear(32, 24).to(torch.bfloat16)
     x = torch.randn(4, 50, 32, dtype=torch.bfloat16)
-    grads = {}
-    for rows in (10_000, 16):  # one slice / many slices (the last one partial)
-        monkeypatch.setattr(lin_mod, "CHUNK_ROWS", rows)
+    grads, calls = {}, []
+    real_apply = lin_mod.sketch_apply
+    monkeypatch.setattr(lin_mod, "sketch_apply", lambda x, s: calls.append(x.shape) or real_apply(x, s))
+    for rows in (10_000, 16):  # one slice / many slices of about 16 rows (the last one partial)
+        monkeypatch.setattr(lin_mod, "CHUNK_BYTES", rows * 32 * 4)
+        calls.clear()
         sk = SketchedLinear(base, rank=8, seed=3, factored_grad=True)
         sk.weight.grad = None
         sk(x).float().pow(2).sum().backward()
+        assert len(calls) == (1 if rows == 10_000 else 200 // 16 + 1)  # 200 rows of x in slices of 16
         grads[rows] = (sk.weight.grad.float().clone(), [f.clone() for f in sk.weight.actzip_factors])
         del sk.weight.actzip_factors
     (g_whole, f_whole), (g_chunk, f_chunk) = grads[10_000], grads[16]

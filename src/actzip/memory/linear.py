@@ -28,29 +28,37 @@ def _work(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-# Rows of the input (forward) or of the output gradient (backward) cast to the working precision at a time: a
-# float32 copy of a whole [tokens x features] tensor is a temporary as large as the activation the sketch saves.
-CHUNK_ROWS = 4096
+# The input (forward) or the output gradient (backward) is cast to the working precision whole when that copy
+# stays under CHUNK_BYTES, else a slice of rows at a time, so the float32 temporary never exceeds it. Slicing
+# small tensors costs time for nothing: 4096-row slices at GPT-124M and 32k tokens (copies of 400 MB at most)
+# made an H200 step 155 -> 197 ms, with the same peak memory.
+CHUNK_BYTES = 1 << 30
+
+
+def _chunk_rows(features: int, work: torch.dtype) -> int:
+    return max(1, CHUNK_BYTES // (features * torch.finfo(work).bits // 8))
 
 
 def _gram_left(g2: torch.Tensor, xs2: torch.Tensor, work: torch.dtype) -> torch.Tensor:
-    """``G^T (x S)`` ``[out, k]`` in ``work`` precision, ``CHUNK_ROWS`` rows of ``G`` cast at a time."""
-    if g2.dtype == work and xs2.dtype == work or g2.shape[0] <= CHUNK_ROWS:
+    """``G^T (x S)`` ``[out, k]`` in ``work`` precision, at most ``CHUNK_BYTES`` of ``G`` cast at a time."""
+    rows = _chunk_rows(g2.shape[1], work)
+    if g2.dtype == work and xs2.dtype == work or g2.shape[0] <= rows:
         return g2.to(work).t().matmul(xs2.to(work))
     left = torch.zeros(g2.shape[1], xs2.shape[1], dtype=work, device=g2.device)
-    for i in range(0, g2.shape[0], CHUNK_ROWS):
-        left.addmm_(g2[i:i + CHUNK_ROWS].to(work).t(), xs2[i:i + CHUNK_ROWS].to(work))
+    for i in range(0, g2.shape[0], rows):
+        left.addmm_(g2[i:i + rows].to(work).t(), xs2[i:i + rows].to(work))
     return left
 
 
 def _sketch_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """:func:`sketch_apply` (``x S`` in ``S``'s dtype), ``CHUNK_ROWS`` rows of ``x`` cast at a time."""
+    """:func:`sketch_apply` (``x S`` in ``S``'s dtype), at most ``CHUNK_BYTES`` of ``x`` cast at a time."""
     x2 = x.reshape(-1, x.shape[-1])
-    if x.dtype == s.dtype or x2.shape[0] <= CHUNK_ROWS:
+    rows = _chunk_rows(x2.shape[1], s.dtype)
+    if x.dtype == s.dtype or x2.shape[0] <= rows:
         return sketch_apply(x, s)
     out = torch.empty(x2.shape[0], s.shape[1], dtype=s.dtype, device=x.device)
-    for i in range(0, x2.shape[0], CHUNK_ROWS):
-        out[i:i + CHUNK_ROWS] = sketch_apply(x2[i:i + CHUNK_ROWS], s)
+    for i in range(0, x2.shape[0], rows):
+        out[i:i + rows] = sketch_apply(x2[i:i + rows], s)
     return out.reshape(*x.shape[:-1], s.shape[1])
 
 
