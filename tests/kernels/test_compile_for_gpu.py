@@ -25,10 +25,13 @@ except ImportError:  # pragma: no cover - older or newer Triton layouts
 pytestmark = pytest.mark.skipif(ASTSource is None, reason="this Triton has no ahead-of-time compile API")
 
 
-def compile_for_hopper(fn, signature: dict, constants: dict) -> str:
+def compile_for_hopper(fn, signature: dict, constants: dict, aligned: bool = False) -> str:
+    """PTX of ``fn`` for sm_90. ``aligned``: every argument 16-divisible, as a launch with 16-byte aligned
+    buffers and sizes specializes it (the layout and vectorization a real launch gets)."""
     sig = {**signature, **{k: "constexpr" for k in constants}}
     names = list(sig)
-    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constants.items()})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(signature))} if aligned else {}
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constants.items()}, attrs=attrs)
     try:
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     except RuntimeError as e:  # no ptxas or no CUDA backend in this Triton build
@@ -64,10 +67,29 @@ def check_two_pass_and_decode_kernels_compile(sign_pack):
                        dict(T=4096, NBITS=16, WIDTH=width, SIGN_PACK=sign_pack))
     compile_for_hopper(st.compact_kernel, {"bits_ptr": "*i16", "tile_offsets_ptr": "*i32", "values_ptr": vals,
                                            "values_base_ptr": "*i64", "ok_ptr": "*i32", "n": "i64"},
-                       dict(T=4096, WIDTH=width, SIGN_PACK=sign_pack, HAS_OK=True))
+                       dict(T=4096, WIDTH=width, SIGN_PACK=sign_pack, HAS_OK=True, VEC=1))
     compile_for_hopper(st.decompress_kernel, {"mask_ptr": "*u8", "tile_offsets_ptr": "*i32", "values_ptr": vals,
                                               "values_base_ptr": "*i64", "out_ptr": "*i16", "n": "i64"},
                        dict(T=4096, WIDTH=width, SIGN_PACK=sign_pack))
+
+
+def check_compact_stores_stay_scalar():
+    # compact_kernel's VEC claims aligned runs of store offsets that are not there, for the layout only: the
+    # per-element store mask must keep every value store scalar (each element through its own address).
+    import re
+
+    from actzip.kernels import sparse_triton as st
+
+    for bits, vec in (("i16", 8), ("u8", 16), ("i32", 4)):
+        sig = {"bits_ptr": f"*{bits}", "tile_offsets_ptr": "*i32", "values_ptr": f"*{bits}", "values_base_ptr": "*i64",
+               "ok_ptr": "*i32", "n": "i64"}
+        for has_ok in (False, True):
+            ptx = compile_for_hopper(st.compact_kernel, sig, dict(T=4096, WIDTH=128 // vec, SIGN_PACK=False,
+                                                                  HAS_OK=has_ok, VEC=vec), aligned=True)
+            stores = re.findall(r"st\.global[.\w]*", ptx)
+            assert stores and not any(".v" in op for op in stores), (bits, has_ok, sorted(set(stores)))
+            if not has_ok:  # the layout took effect: 16-byte loads
+                assert "ld.global.v4" in ptx, (bits, sorted(set(re.findall(r"ld\.global[.\w]*", ptx))))
 
 
 def check_relu_mlp_kernels_compile():
@@ -110,6 +132,7 @@ def _main(case: str) -> None:
     elif case == "two-pass":
         for sign_pack in (False, True):
             check_two_pass_and_decode_kernels_compile(sign_pack)
+        check_compact_stores_stay_scalar()
     else:
         check_relu_mlp_kernels_compile()
     print("COMPILED")
