@@ -397,14 +397,21 @@ def captured_step(fused, opt, arena, static_x, ref, opt_ref, warmup_batches, fit
     return graph, loss
 
 
+def captured_float32_stack(arena, n_batches: int, warm: int, fit: bool):
+    """A float32 ReLU² stack and its reference with AdamW each, ``n_batches`` inputs, and a step captured after
+    ``warm`` eager steps on both: ``(ref, fused, opt_ref, opt, batches, static_x, graph, static_loss)``."""
+    ref, fused = relu2_stack(arena, torch.float32)
+    opt_ref, opt = adamw(ref), adamw(fused)
+    batches = [torch.randn(64, 64, device="cuda") for _ in range(n_batches)]
+    static_x = torch.empty_like(batches[0])
+    graph, static_loss = captured_step(fused, opt, arena, static_x, ref, opt_ref, batches[:warm], fit=fit)
+    return ref, fused, opt_ref, opt, batches, static_x, graph, static_loss
+
+
 @pytest.mark.cuda
 def test_captured_training_step_matches_eager_reference():
     arena = Arena(device="cuda")
-    ref, fused = relu2_stack(arena, torch.float32)
-    opt_ref, opt = adamw(ref), adamw(fused)
-    batches = [torch.randn(64, 64, device="cuda") for _ in range(6)]
-    static_x = torch.empty_like(batches[0])
-    graph, static_loss = captured_step(fused, opt, arena, static_x, ref, opt_ref, batches[:3], fit=True)
+    ref, fused, opt_ref, _, batches, static_x, graph, static_loss = captured_float32_stack(arena, 6, 3, fit=True)
     refused = arena.overflows()
     for x in batches[3:]:  # new inputs, copied into the static one
         static_x.copy_(x)
@@ -418,11 +425,7 @@ def test_captured_training_step_matches_eager_reference():
 @pytest.mark.cuda
 def test_captured_step_with_too_small_arena_is_skipped():
     arena = Arena(256, device="cuda")  # far less than any payload: every reservation is refused
-    ref, fused = relu2_stack(arena, torch.float32)
-    opt_ref, opt = adamw(ref), adamw(fused)
-    batches = [torch.randn(64, 64, device="cuda") for _ in range(3)]
-    static_x = torch.empty_like(batches[0])
-    graph, _ = captured_step(fused, opt, arena, static_x, ref, opt_ref, batches[:2], fit=False)
+    _, fused, _, opt, batches, static_x, graph, _ = captured_float32_stack(arena, 3, 2, fit=False)
     refused = arena.overflows()
     params = [p.detach().clone() for p in fused.parameters()]
     steps = [opt.state[p]["step"].clone() for p in fused.parameters()]
