@@ -19,19 +19,12 @@ for stage in $stages; do
       for d in 4096 768; do for rows in 4096 8192 16384 32768; do for density in mid low; do
         az bench ffn --d $d --rows $rows --density $density --rounds 6 --json "$out/ffn-parts/d$d-r$rows-$density.json" | tail -12
       done; done; done
-      python3 - "$out" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-parts = sorted((out / "ffn-parts").glob("*.json"))
-json.dump([json.loads(p.read_text()) for p in parts], open(out / "ffn.json", "w"), indent=1)
-PY
-      rm -rf "$out/ffn-parts" ;;
+      python3 -m actzip.bench.memory_suite "$out" ffn ;;
     ffn-fp8)  # the same stack with float8 matmuls (Fp8Linear), 16k rows, both densities
       for density in mid low; do
         az bench ffn --matmul fp8 --density $density --rounds 6 --json "$out/ffn-fp8-parts/$density.json" | tail -12
       done
-      python3 -c "import json,pathlib,sys; o=pathlib.Path(sys.argv[1]); json.dump([json.loads(p.read_text()) for p in sorted((o/'ffn-fp8-parts').glob('*.json'))], open(o/'ffn-fp8.json','w'), indent=1)" "$out"
-      rm -rf "$out/ffn-fp8-parts" ;;
+      python3 -m actzip.bench.memory_suite "$out" ffn-fp8 ;;
     gpt) az bench gpt --json "$out/gpt.json" ;;
     bits) az bench bits --json "$out/bits.json" ;;
     demo) az demo --no-progress --json "$out/demo-h200-small.json" ;;

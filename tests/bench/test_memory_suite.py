@@ -1,7 +1,7 @@
 import json
 from pathlib import Path
 
-from actzip.bench.memory_suite import FFN_SWEEP, merge_ffn, part_commands, run_suite
+from actzip.bench.memory_suite import FFN_SWEEP, merge_parts, part_commands, run_suite
 from actzip.cli import main
 
 
@@ -30,7 +30,7 @@ def test_suite_merges_the_sweep_and_reports_failures(tmp_path):
     assert status["ffn"] == "ok" and status["kernels"] == "ok" and "no GPU" in status["gpt"]
     merged = json.loads((tmp_path / "ffn.json").read_text())
     assert len(merged) == 4 and not (tmp_path / "ffn-parts").exists()
-    assert merge_ffn(tmp_path) is None  # nothing left to merge
+    assert merge_parts(tmp_path) is None  # nothing left to merge
 
 
 def test_cli_exit_status_says_a_part_failed(tmp_path, monkeypatch):
@@ -38,3 +38,18 @@ def test_cli_exit_status_says_a_part_failed(tmp_path, monkeypatch):
                         lambda part, out, device, rows=None: [["bench", "nope"]])
     assert main(["bench", "memory", "--out", str(tmp_path), "--parts", "bits"]) == 1
     assert main(["bench", "memory", "--out", str(tmp_path), "--parts", "nope"]) == 2
+
+
+def test_merge_parts_from_a_shell_names_the_sweep(tmp_path):
+    import subprocess
+    import sys
+
+    parts = tmp_path / "ffn-fp8-parts"
+    parts.mkdir()
+    for density in ("low", "mid"):
+        (parts / f"{density}.json").write_text(json.dumps({"density": density}))
+    done = subprocess.run([sys.executable, "-m", "actzip.bench.memory_suite", str(tmp_path), "ffn-fp8"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "ffn-fp8.json").read_text()) == [{"density": "low"}, {"density": "mid"}]
+    assert not parts.exists() and not (tmp_path / "ffn.json").exists()

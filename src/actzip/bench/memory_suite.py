@@ -28,16 +28,18 @@ def part_commands(part: str, out: Path, device: str | None, ffn_rows: tuple[int,
     return [["bench", part, *dev, "--json", str(out / f"{part}.json")]]
 
 
-def merge_ffn(out: Path) -> Path | None:
-    """The sweep's points as one list in ``ffn.json`` (the report's format); the parts folder is removed."""
-    parts = sorted((out / "ffn-parts").glob("*.json"))
+def merge_parts(out: Path, name: str = "ffn") -> Path | None:
+    """The runs in ``out/{name}-parts/*.json`` as one list in ``out/{name}.json`` (the report's format for a
+    sweep); the parts folder is removed. ``python -m actzip.bench.memory_suite OUT NAME`` does it from a shell."""
+    folder = out / f"{name}-parts"
+    parts = sorted(folder.glob("*.json"))
     if not parts:
         return None
-    target = out / "ffn.json"
+    target = out / f"{name}.json"
     target.write_text(json.dumps([json.loads(p.read_text()) for p in parts], indent=1) + "\n")
     for p in parts:
         p.unlink()
-    (out / "ffn-parts").rmdir()
+    folder.rmdir()
     return target
 
 
@@ -56,6 +58,12 @@ def run_suite(out: Path, parts: tuple[str, ...], device: str | None, ffn_rows: t
             if rc:
                 failed.append(f"{' '.join(argv)} exited {rc}")
         if part == "ffn":
-            merge_ffn(out)
+            merge_parts(out)
         status[part] = "ok" if not failed else "; ".join(failed)
     return status
+
+
+if __name__ == "__main__":
+    import sys
+
+    merge_parts(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "ffn")

@@ -190,8 +190,6 @@ def _rebuild_activation(node, codec: Codec, square: bool) -> torch.Tensor:
     return activation_from_payload(payload, codec, square)
 
 
-
-
 def _check_arena(arena: Arena | None, codec: Codec) -> Arena | None:
     if arena is None:
         return None
@@ -213,8 +211,6 @@ def payload_of(node) -> Payload:
     """The payload a :class:`SparseReLU` node saved (``node`` is its ctx, i.e. the output's ``grad_fn``)."""
     sk = node.skeleton
     return Payload(sk.codec, sk.shape, sk.dtype, sk.device, dict(zip(node.keys, node.saved_tensors)), sk.meta)
-
-
 
 
 def _sparse_activation(module: nn.Module, proj: nn.Module, x: torch.Tensor, h: torch.Tensor):
