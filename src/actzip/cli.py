@@ -407,7 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--kernel", choices=["auto", "torch", "triton"])
     gp.add_argument("--rounds", type=int)
     gp.add_argument("--warmup", type=int)
-    gp.add_argument("--strategies", help="comma-separated subset of none,checkpoint,fused,fused-arena,fused-arena-signpack,rebuild,fused-arena-rebuild")
+    gp.add_argument("--strategies", help="comma-separated subset of none,checkpoint,fused,fused-arena,fused-arena-signpack,rebuild,fused-arena-rebuild,"
+                    "fused-arena-rebuild-ln2")
     gp.add_argument("--device")
     gp.add_argument("--json", metavar="PATH")
     gp.set_defaults(func=_bench_gpt)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from actzip.core.errors import ConfigError
 from actzip.memory import ActivationCache, SparseGatedReLUMLP, SparseReLUMLP
 from actzip.memory import relu_mlp as R
 from actzip.memory.arena import Arena, GraphedStep
+from actzip.memory.rebuild import rebuild_saved, recompute
 
 pytest.importorskip("triton")
 from actzip.kernels import relu_mlp_triton as K  # noqa: E402
@@ -92,6 +94,31 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("capacity", [1 << 20, 0])
+def test_rebuilt_input_is_not_kept_for_the_recompute(device, capacity):
+    # The recompute that an overflow needs must not keep the MLP input alive: when a norm output is rebuilt
+    # in backward, nothing may hold it in between (and an overflow recomputes from the rebuilt input).
+    arena = Arena(capacity, device=device)
+    run_ref, ref, fused = ref_and_fused(device, torch.float32, arena)
+    norm = nn.LayerNorm(32).to(device)
+    x0 = torch.randn(16, 32, device=device)
+    want = grads(lambda t: run_ref(norm(t)), list(ref.parameters()), x0)
+    x = x0.clone().requires_grad_()
+    n = norm(x)
+    with rebuild_saved([(n, recompute(norm, x))]):
+        y = fused(n)
+    alive = weakref.ref(n)
+    del n
+    assert alive() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the overflow's one-time notice
+        (y.float() * torch.linspace(-1, 1, y.shape[-1], device=device)).sum().backward()
+    got = [y.detach(), x.grad] + [p.grad for p in fused.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert arena.overflows() == (1 if capacity == 0 else 0)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -259,7 +259,8 @@ def test_loss_chunk_must_be_a_non_negative_int():
 
 
 @pytest.mark.parametrize("activation", ["relu2", "gelu"])
-def test_rebuild_saved_gives_identical_grads_and_keeps_less(activation):
+@pytest.mark.parametrize("targets, per_block", [(True, 3), (("ln_2",), 1), (("ln_1", "attn_out"), 2)])
+def test_rebuild_saved_gives_identical_grads_and_keeps_less(activation, targets, per_block):
     from actzip.memory import ActivationCache
 
     torch.manual_seed(0)
@@ -267,17 +268,23 @@ def test_rebuild_saved_gives_identical_grads_and_keeps_less(activation):
     idx = torch.randint(0, 256, (2, 33))
     x, y = idx[:, :-1], idx[:, 1:]
     runs = {}
-    for flag in (False, True):
+    for flag in (False, targets):
         model.config.rebuild_saved = flag
         model.zero_grad(set_to_none=True)
         with ActivationCache.count_only() as cache:
             _, loss = model(x, y)
         loss.backward()
-        runs[flag] = ([p.grad.clone() for p in model.parameters()], cache.last)
+        runs[bool(flag)] = ([p.grad.clone() for p in model.parameters()], cache.last)
     assert all(torch.equal(a, b) for a, b in zip(runs[False][0], runs[True][0]))
     rebuilt = runs[True][1].by_rule["rebuilt"]
-    assert rebuilt.tensors == 3 * model.config.n_layer and rebuilt.stored_bytes == 0
+    assert rebuilt.tensors == per_block * model.config.n_layer and rebuilt.stored_bytes == 0
     assert runs[True][1].bytes_after < runs[False][1].bytes_after
+
+
+@pytest.mark.parametrize("bad", ["yes", ("ln_3",), 1])
+def test_rebuild_saved_names_known_targets(bad):
+    with pytest.raises(ConfigError, match="rebuild_saved.*ln_1"):
+        GPTConfig(rebuild_saved=bad)
 
 
 def test_rebuild_saved_stands_aside_inside_checkpointed_blocks():

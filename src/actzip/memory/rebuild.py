@@ -95,11 +95,17 @@ def recompute(fn: Callable[..., torch.Tensor], *args, **kwargs) -> Callable[[], 
     """``make`` for a target: ``fn(*args, **kwargs)`` again, without building a graph and under the autocast
     state of now (so a rebuilt tensor has the dtype and bits of the original)."""
     dev = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
-    enabled = torch.is_autocast_enabled(dev)
-    dtype = torch.get_autocast_dtype(dev) if enabled else None
+    again = autocast_as_now(dev)
 
     def make() -> torch.Tensor:
-        with torch.no_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled):
+        with torch.no_grad(), again():
             return fn(*args, **kwargs)
 
     return make
+
+
+def autocast_as_now(device_type: str) -> Callable[[], torch.autocast]:
+    """A factory of autocast contexts that restore the autocast state ``device_type`` has now."""
+    enabled = torch.is_autocast_enabled(device_type)
+    dtype = torch.get_autocast_dtype(device_type) if enabled else None
+    return lambda: torch.autocast(device_type, dtype=dtype, enabled=enabled)

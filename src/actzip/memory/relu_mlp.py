@@ -29,7 +29,7 @@ from actzip.core import registry
 from actzip.core.errors import ConfigError
 from actzip.core.payload import Payload
 from actzip.memory.arena import Arena, Reservation
-from actzip.memory.rebuild import rebuild_saved, recompute
+from actzip.memory.rebuild import autocast_as_now, rebuild_saved
 from actzip.memory.saved import record_external
 
 
@@ -213,9 +213,41 @@ def payload_of(node) -> Payload:
     return Payload(sk.codec, sk.shape, sk.dtype, sk.device, dict(zip(node.keys, node.saved_tensors)), sk.meta)
 
 
+class _KeepInput(torch.autograd.Function):
+    """``h`` unchanged, with ``x`` saved through autograd for a recompute of ``h`` that may never run.
+
+    A closure over ``x`` would keep it alive whatever the saved-tensor hooks do; saved here, ``x`` is what the
+    hooks make of it (a handle of :class:`~actzip.memory.rebuild.rebuild_saved` when ``x`` is a rebuilt norm
+    output, else the tensor ``proj`` saved anyway), and it is unpacked only if the recompute runs."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def _recompute_from_saved(proj: nn.Module, x: torch.Tensor, h: torch.Tensor):
+    """``h`` passed through :class:`_KeepInput`, and a function that makes ``proj(x)`` again in backward."""
+    h = _KeepInput.apply(h, x)
+    keeper, again = h.grad_fn, autocast_as_now(x.device.type)
+
+    def make() -> torch.Tensor:
+        (saved,) = keeper.saved_tensors
+        with torch.no_grad(), again():
+            return proj(saved)
+
+    return h, make
+
+
 def _sparse_activation(module: nn.Module, proj: nn.Module, x: torch.Tensor, h: torch.Tensor):
     """``act(h)`` through :class:`SparseReLU` (``h = proj(x)``), and the function that rebuilds it in backward."""
-    remake_h = recompute(proj, x) if module.arena is not None else None
+    remake_h = None
+    if module.arena is not None:
+        h, remake_h = _recompute_from_saved(proj, x, h)
     a = SparseReLU.apply(h, module.codec, module.square, "relu output", module.arena, remake_h)
     node, codec, square = a.grad_fn, module.codec, module.square
 

@@ -61,9 +61,10 @@ class GPTConfig:
     checkpoint_blocks: bool = False  # recompute each block in backward instead of saving its activations
     # Keep no copy of the layer-norm outputs nor of the attention projection's input: backward makes them again
     # (a LayerNorm forward, a copy) from the norm inputs and the attention output, which it keeps anyway
-    # (actzip.memory.rebuild; bit-identical). Under an ActivationCache that compresses those sources it saves
-    # nothing: the rebuild keeps them whole.
-    rebuild_saved: bool = False
+    # (actzip.memory.rebuild; bit-identical). True: all of REBUILD_TARGETS; or a tuple of some of them
+    # ("ln_2" alone: one LayerNorm forward more per block). Under an ActivationCache that compresses those
+    # sources it saves nothing: the rebuild keeps them whole.
+    rebuild_saved: bool | tuple[str, ...] = False
     tie_weights: bool = True  # share the token embedding with the output head (fewer params)
     # >0: with targets, run the output head and the loss over this many tokens at a time, each chunk's logits
     # recomputed in backward, so the step never holds the full (tokens x vocab) logits in float32; forward
@@ -78,10 +79,11 @@ class GPTConfig:
                 raise ConfigError(f"GPTConfig.{name} must be a positive int, got {value!r}")
         if not isinstance(self.loss_chunk, int) or isinstance(self.loss_chunk, bool) or self.loss_chunk < 0:
             raise ConfigError(f"GPTConfig.loss_chunk must be an int >= 0, got {self.loss_chunk!r}")
-        for name in ("bias", "checkpoint_blocks", "tie_weights", "rebuild_saved"):
+        for name in ("bias", "checkpoint_blocks", "tie_weights"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ConfigError(f"GPTConfig.{name} must be a bool, got {value!r}")
+        rebuild_targets(self.rebuild_saved)  # raises on a bad value
         if self.n_embd % self.n_head != 0:
             raise ConfigError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by GPTConfig.n_head ({self.n_head}) "
@@ -137,15 +139,33 @@ class CausalSelfAttention(nn.Module):
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
         merged = _merge_heads(y)
-        if not _rebuilding(self.config):
+        if not _rebuilding(self.config, "attn_out"):
             return self.resid_dropout(self.c_proj(merged))
         with rebuild_saved([(merged, recompute(_merge_heads, y))]):  # y: kept by the attention's backward
             return self.resid_dropout(self.c_proj(merged))
 
 
-def _rebuilding(config: GPTConfig) -> bool:
+REBUILD_TARGETS = ("ln_1", "attn_out", "ln_2")  # what GPTConfig.rebuild_saved can name: the norms' outputs, c_proj's input
+
+
+def rebuild_targets(value: bool | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The targets a ``GPTConfig.rebuild_saved`` value names (True: all); a :class:`ConfigError` if it is neither
+    a bool nor names from :data:`REBUILD_TARGETS`."""
+    if isinstance(value, bool):
+        return REBUILD_TARGETS if value else ()
+    if isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
+        unknown = [v for v in value if v not in REBUILD_TARGETS]
+        if not unknown:
+            return tuple(value)
+    raise ConfigError(
+        f"GPTConfig.rebuild_saved must be a bool or a tuple of names from {REBUILD_TARGETS}, got {value!r}"
+    )
+
+
+def _rebuilding(config: GPTConfig, target: str) -> bool:
     # Checkpointed blocks keep nothing of their inside anyway; rebuild hooks there would keep what they save.
-    return config.rebuild_saved and not config.checkpoint_blocks and torch.is_grad_enabled()
+    return (target in rebuild_targets(config.rebuild_saved) and not config.checkpoint_blocks
+            and torch.is_grad_enabled())
 
 
 def _merge_heads(y: torch.Tensor) -> torch.Tensor:
@@ -182,11 +202,11 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _rebuilding(self.config):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-        for norm, sub in ((self.ln_1, self.attn), (self.ln_2, self.mlp)):
+        for name, norm, sub in (("ln_1", self.ln_1, self.attn), ("ln_2", self.ln_2, self.mlp)):
             n = norm(x)
+            if not _rebuilding(self.config, name):
+                x = x + sub(n)
+                continue
             with rebuild_saved([(n, recompute(norm, x))]):  # x: kept by the norm's backward
                 x = x + sub(n)
         return x
