@@ -142,14 +142,20 @@ def _bench_kernels(args: argparse.Namespace) -> int:
     cfg, record, console = _run_kernel_bench(args, "kernels", KernelBenchConfig, run_kernels)
     t = Table(title=f"sparse kernels, {cfg.numel:,} elements; copy bandwidth {record['copy_bandwidth'] / 1e12:.2f} TB/s")
     for col in ("dtype", "density", "sign", "exact", "2-pass enc ms", "% copy", "1-pass enc ms", "% copy",
-                "decode ms", "% copy", "relu² enc % copy"):
+                "decode ms", "% copy", "relu² enc % copy", "1-pass"):
         t.add_column(col, justify="right")
+
+    def ms(v):
+        return "" if v is None else f"{v * 1e3:.3f}"
+
+    def pct(v):
+        return "" if v is None else f"{v:.0%}"
+
     for r in record["runs"]:
-        relu = f"{r['encode_relu2_frac_copy']:.0%}" if "encode_relu2_frac_copy" in r else ""
-        t.add_row(r["dtype"], f"{r['density']:.2f}", str(r["sign_pack"]), str(r["exact"]), f"{r['encode_s'] * 1e3:.3f}",
-                  f"{r['encode_frac_copy']:.0%}", f"{r['encode_single_pass_s'] * 1e3:.3f}",
-                  f"{r['encode_single_pass_frac_copy']:.0%}", f"{r['decode_s'] * 1e3:.3f}", f"{r['decode_frac_copy']:.0%}",
-                  relu)
+        t.add_row(r["dtype"], f"{r['density']:.2f}", str(r["sign_pack"]), str(r["exact"]), ms(r["encode_s"]),
+                  pct(r["encode_frac_copy"]), ms(r.get("encode_single_pass_s")),
+                  pct(r.get("encode_single_pass_frac_copy")), ms(r["decode_s"]), pct(r["decode_frac_copy"]),
+                  pct(r.get("encode_relu2_frac_copy")), pct(r.get("encode_relu2_single_pass_frac_copy")))
     console.print(t)
     _write_json(record, args.json, console)
     return 0

@@ -47,30 +47,39 @@ ENCODE_SIG = {"src_ptr": "*bf16", "act_ptr": "*bf16", "mask_ptr": "*u8", "tile_o
               "capacity": "i64"}
 
 
-def check_single_pass_encoder_compiles(sign_pack, relu, act, arena, row):
+def check_single_pass_encoder_compiles(relu, act, arena, row):
     from actzip.kernels import sparse_encode_triton as se
 
-    sig = dict(ENCODE_SIG, values_ptr="*i32" if sign_pack else "*i16", src_ptr="*bf16" if relu else "*i16")
-    consts = dict(T=4096, NBITS=16, WIDTH=15 if sign_pack else 16, ELEM_BYTES=4 if sign_pack else 2,
-                  SIGN_PACK=sign_pack, BITS_DTYPE=tl.int16, RELU=relu, ACT_OUT=act, ARENA=arena, ROW=row)
+    sig = dict(ENCODE_SIG, src_ptr="*bf16" if relu else "*i16")
+    consts = dict(T=4096, ELEM_BYTES=2, BITS_DTYPE=tl.int16, RELU=relu, ACT_OUT=act, ARENA=arena, ROW=row)
     ptx = compile_for_hopper(se.encode_kernel, sig, consts)
     assert "atom" in ptx  # the ticket and the published status words
+    compile_for_hopper(se.reserve_kernel, {"total_ptr": "*i64", "res_ptr": "*i64", "counters_ptr": "*i64",
+                                           "start_ptr": "*i64", "capacity": "i64"}, dict(ELEM_BYTES=4, ARENA=arena))
+
+
+COMPACT_SIG = {"bits_ptr": "*i16", "tile_offsets_ptr": "*i32", "values_ptr": "*i16", "values_base_ptr": "*i64",
+               "ok_ptr": "*i32", "act_ptr": "*bf16", "n": "i64"}
 
 
 def check_two_pass_and_decode_kernels_compile(sign_pack):
+    from actzip.kernels import sparse_signpack_triton as sp
     from actzip.kernels import sparse_triton as st
 
-    vals = "*i32" if sign_pack else "*i16"
     width = 15 if sign_pack else 16
-    compile_for_hopper(st.count_kernel, {"bits_ptr": "*i16", "mask_ptr": "*u8", "sizes_ptr": "*i32",
-                                         "nvals_ptr": "*i32", "nsign_ptr": "*i32", "n": "i64"},
-                       dict(T=4096, NBITS=16, WIDTH=width, SIGN_PACK=sign_pack))
-    compile_for_hopper(st.compact_kernel, {"bits_ptr": "*i16", "tile_offsets_ptr": "*i32", "values_ptr": vals,
-                                           "values_base_ptr": "*i64", "ok_ptr": "*i32", "n": "i64"},
-                       dict(T=4096, WIDTH=width, SIGN_PACK=sign_pack, HAS_OK=True, VEC=1))
-    compile_for_hopper(st.decompress_kernel, {"mask_ptr": "*u8", "tile_offsets_ptr": "*i32", "values_ptr": vals,
-                                              "values_base_ptr": "*i64", "out_ptr": "*i16", "n": "i64"},
-                       dict(T=4096, WIDTH=width, SIGN_PACK=sign_pack))
+    for relu in (False, True):
+        compile_for_hopper(st.count_kernel, {"bits_ptr": "*bf16" if relu else "*i16", "mask_ptr": "*u8",
+                                             "sizes_ptr": "*i32", "nvals_ptr": "*i32", "nsign_ptr": "*i32", "n": "i64"},
+                           dict(T=4096, NBITS=16, WIDTH=width, SIGN_PACK=sign_pack, RELU=relu, BITS_DTYPE=tl.int16))
+        compile_for_hopper(st.compact_kernel, dict(COMPACT_SIG, bits_ptr="*bf16" if relu else "*i16"),
+                           dict(T=4096, HAS_OK=True, VEC=8, SLOT=sign_pack, RELU=relu, ACT_OUT=2 if relu else 0,
+                                BITS_DTYPE=tl.int16))
+    if sign_pack:
+        for slot in (False, True):
+            compile_for_hopper(sp.pack_kernel, {"scratch_ptr": "*i16", "value_offsets_ptr": "*i64",
+                                                "nvals_ptr": "*i32", "tile_offsets_ptr": "*i32", "words_ptr": "*i32",
+                                                "words_base_ptr": "*i64", "ok_ptr": "*i32"},
+                               dict(T=4096, WIDTH=width, SLOT=slot, HAS_OK=True))
 
 
 def check_compact_stores_stay_scalar():
@@ -81,11 +90,10 @@ def check_compact_stores_stay_scalar():
     from actzip.kernels import sparse_triton as st
 
     for bits, vec in (("i16", 8), ("u8", 16), ("i32", 4)):
-        sig = {"bits_ptr": f"*{bits}", "tile_offsets_ptr": "*i32", "values_ptr": f"*{bits}", "values_base_ptr": "*i64",
-               "ok_ptr": "*i32", "n": "i64"}
+        sig = dict(COMPACT_SIG, bits_ptr=f"*{bits}", values_ptr=f"*{bits}", act_ptr=f"*{bits}")
         for has_ok in (False, True):
-            ptx = compile_for_hopper(st.compact_kernel, sig, dict(T=4096, WIDTH=128 // vec, SIGN_PACK=False,
-                                                                  HAS_OK=has_ok, VEC=vec), aligned=True)
+            ptx = compile_for_hopper(st.compact_kernel, sig, dict(T=4096, HAS_OK=has_ok, VEC=vec, SLOT=False, RELU=False,
+                                                                  ACT_OUT=0, BITS_DTYPE=tl.int16), aligned=True)
             stores = re.findall(r"st\.global[.\w]*", ptx)
             assert stores and not any(".v" in op for op in stores), (bits, has_ok, sorted(set(stores)))
             if not has_ok:  # the layout took effect: 16-byte loads
@@ -120,7 +128,7 @@ def check_quant_kernels_compile():
                                                                OUT_BF16=True, HW=True))
 
 
-ENCODE_CASES = [(False, True, 2, True, 8), (False, False, 0, False, 2), (True, False, 0, True, 8), (True, True, 1, False, 2)]
+ENCODE_CASES = [(True, 2, True, 8), (False, 0, False, 2), (False, 0, True, 8), (True, 1, False, 2)]
 
 
 def _main(case: str) -> None:

@@ -1,18 +1,20 @@
-"""The single-pass sparse encoder against the PyTorch codec and the two-pass kernels, bit for bit.
+"""The sparse encoders of sparse_encode_triton (one pass or two) against the PyTorch codec, bit for bit.
 
 CPU cases run under Triton's interpreter (programs run one after another there, so the look-back always
 finds its predecessor finished); CUDA cases run programs concurrently, which is what exercises the
 decoupled look-back, on tensors of many tiles.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'actzip[triton]')")
 
+from actzip.codecs.sparse import SparseCodec  # noqa: E402
 from actzip.core.errors import ConfigError  # noqa: E402
 from actzip.kernels import sparse_encode_triton as se  # noqa: E402
-from actzip.kernels import sparse_triton as st  # noqa: E402
 from actzip.memory.arena import Arena  # noqa: E402
 
 from test_sparse_triton import DEVICES, FP8, bits, random_tensor  # noqa: E402
@@ -21,7 +23,13 @@ CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA
 
 
 def oracle(x: torch.Tensor, tile: int, sign_pack: bool):
-    return st.compress(bits(x).view(-1), x.numel(), tile, sign_pack)
+    """The PyTorch codec's buffers and counts, under the Triton encoders' names."""
+    p = SparseCodec(tile_size=tile, sign_pack=sign_pack, check=False, kernel="torch").encode(x.reshape(-1))
+    b = p.buffers
+    raw = bits(x).reshape(-1).to(torch.int64)
+    return SimpleNamespace(mask=b["mask"], tile_offsets=b["tile_offsets"], values=b["values"],
+                           total=b["values"].numel(), nnz=p.meta["nnz"],
+                           sign_set=int(((raw >> (8 * x.element_size() - 1)) & 1).sum()))
 
 
 def check_against_oracle(x, tile, sign_pack, **kw):
@@ -44,9 +52,10 @@ def check_against_oracle(x, tile, sign_pack, **kw):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, *FP8])
 @pytest.mark.parametrize("n,tile", [(1, 64), (130, 64), (700, 256), (257, 256)])
 @pytest.mark.parametrize("row", [8, 2])
-def test_matches_two_pass_encoder(device, dtype, n, tile, row):
+@pytest.mark.parametrize("passes", [1, 2])
+def test_matches_the_torch_codec(device, dtype, n, tile, row, passes):
     x = random_tensor((n,), dtype, 0.5, seed=n + tile, device=device)
-    check_against_oracle(x, tile, False, row=row)
+    check_against_oracle(x, tile, False, row=row, passes=passes)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -67,14 +76,16 @@ def test_sign_set_is_counted(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("act", [None, "relu", "relu2"])
-def test_fused_relu_matches_torch(device, dtype, act):
+@pytest.mark.parametrize("passes", [1, 2])
+def test_fused_relu_matches_torch(device, dtype, act, passes):
     g = torch.Generator().manual_seed(5)
     h = torch.randn(3, 170, generator=g).to(dtype).to(device)
     r = torch.relu(h)
     want = oracle(r, 64, False)
     values = torch.empty(se.values_capacity(h.numel(), 64, dtype, False), dtype=want.values.dtype, device=device)
-    got = se.encode(h, 64, False, relu=True, act=act, values=values)
+    got = se.encode(h, 64, False, relu=True, act=act, values=values, passes=passes)
     assert torch.equal(got.mask, want.mask) and torch.equal(values[: int(got.total)], want.values)
+    assert int(got.nnz) == want.nnz and int(got.ok) == 1
     if act == "relu":
         assert torch.equal(got.act, r)
     elif act == "relu2" and (device == "cuda" or dtype == torch.float32):
@@ -85,23 +96,45 @@ def test_fused_relu_matches_torch(device, dtype, act):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_arena_reserves_and_refuses_on_the_device(device):
-    x = random_tensor((600,), torch.bfloat16, 0.5, seed=2, signed=True, device=device)
-    want = oracle(x, 64, False)
-    nbytes = int(want.total) * 2
+@pytest.mark.parametrize("passes,sign_pack", [(1, False), (2, False), (2, True)])
+def test_arena_reserves_and_refuses_on_the_device(device, passes, sign_pack):
+    x = random_tensor((600,), torch.bfloat16, 0.5, seed=2, signed=not sign_pack, device=device)
+    want = oracle(x, 64, sign_pack)
+    word = torch.int32 if sign_pack else torch.int16
+    nbytes = int(want.total) * (4 if sign_pack else 2)
     aligned = (nbytes + 15) // 16 * 16
     arena = Arena(aligned + 16, device=device)
-    first = se.encode(x, 64, False, arena=arena)
+    arena.view(torch.uint8).fill_(0xAB)
+    first = se.encode(x, 64, sign_pack, arena=arena, passes=passes)
     assert int(first.ok) == 1 and int(first.start) == 0
-    assert torch.equal(arena.view(torch.int16)[: int(first.total)], want.values)
+    assert torch.equal(arena.view(word)[: int(first.total)], want.values)
     assert arena.used_bytes() == aligned
-    second = se.encode(x, 64, False, arena=arena)  # does not fit: refused, nothing written past capacity
+    second = se.encode(x, 64, sign_pack, arena=arena, passes=passes)  # does not fit: refused, nothing written
     assert int(second.ok) == 0 and arena.used_bytes() == aligned and arena.overflows() == 1
     assert arena.high_water_bytes() == 2 * aligned
-    assert torch.equal(arena.view(torch.int16)[: int(first.total)], want.values)  # the first payload intact
+    assert torch.equal(arena.view(word)[: int(first.total)], want.values)  # the first payload intact
+    if passes == 2:  # a refused two-pass payload writes nothing (one pass may fill unreserved room: harmless)
+        assert (arena.view(torch.uint8)[nbytes:] == 0xAB).all()
     arena.reset()
-    third = se.encode(x, 64, False, arena=arena)
+    third = se.encode(x, 64, sign_pack, arena=arena, passes=passes)
     assert int(third.ok) == 1 and arena.used_bytes() == aligned
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sign_packing_may_use_the_input_as_scratch(device, dtype):
+    # The fused MLP's path: relu(h) sign-packed with h itself as the scratch room; h is garbage afterwards,
+    # and its version counter says so.
+    g = torch.Generator().manual_seed(9)
+    h = torch.randn(5, 100, generator=g).to(dtype).to(device)
+    r = torch.relu(h)
+    want = oracle(r, 64, True)
+    values = torch.full((se.values_capacity(h.numel(), 64, dtype, True),), 7, dtype=torch.int32, device=device)
+    version = h._version
+    got = se.encode(h, 64, True, relu=True, act="relu", values=values, overwrite_input=True)
+    assert torch.equal(got.mask, want.mask) and torch.equal(got.tile_offsets, want.tile_offsets)
+    assert torch.equal(values[: int(got.total)], want.values) and int(got.nnz) == want.nnz
+    assert torch.equal(got.act, r) and h._version > version
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -117,6 +150,11 @@ def test_bad_options_are_refused(device):
         se.encode(x, 64)
     with pytest.raises(ConfigError, match="may need"):
         se.encode(x, 64, values=torch.empty(3, dtype=torch.int32, device=device))
+    with pytest.raises(ConfigError, match="passes must be"):
+        se.encode(x, 64, True, passes=1, values=torch.empty(10, dtype=torch.int32, device=device))
+    with pytest.raises(ConfigError, match="overwrite_input needs a contiguous"):
+        se.encode(torch.zeros(4, 6, device=device).t(), 64, overwrite_input=True,
+                  values=torch.empty(24, dtype=torch.int32, device=device))
 
 
 @CUDA_ONLY
@@ -127,11 +165,14 @@ def test_many_concurrent_tiles_on_cuda(dtype, sign_pack):
     for seed in range(3):
         x = random_tensor((1 << 22,), dtype, 0.3 + 0.2 * seed, seed=seed, signed=not sign_pack, device="cuda")
         check_against_oracle(x, 4096 if seed else 1024, sign_pack, row=2 if seed == 1 else 8)
+        if not sign_pack:
+            check_against_oracle(x, 4096 if seed else 1024, sign_pack, passes=1)
 
 
 @CUDA_ONLY
 def test_fused_relu_signed_zero_and_nan_on_cuda():
     h = torch.tensor([-0.0, 0.0, float("nan"), -1.0, 2.0] * 100, device="cuda", dtype=torch.bfloat16)
     values = torch.empty(se.values_capacity(h.numel(), 64, h.dtype, False), dtype=torch.int16, device="cuda")
-    got = se.encode(h, 64, False, relu=True, act="relu", values=values)
-    assert torch.equal(bits(got.act), bits(torch.relu(h)))
+    for passes in (1, 2):
+        got = se.encode(h, 64, False, relu=True, act="relu", values=values, passes=passes)
+        assert torch.equal(bits(got.act), bits(torch.relu(h)))

@@ -249,6 +249,34 @@ def test_preallocated_values_at_a_device_offset(device, sign_pack):
     assert torch.equal(dec.cpu(), raw.cpu())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sign_pack", [False, True])
+@pytest.mark.parametrize("square", [False, True])
+def test_count_compact_of_relu(device, dtype, sign_pack, square):
+    # Both passes apply the ReLU to a float input themselves; the compact pass also writes relu(h) or its
+    # square. Signed zeros and NaN as torch's relu treats them.
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(330, generator=g)
+    h[::7], h[3::11], h[5::13] = -0.0, 0.0, float("nan")
+    h = h.to(dtype).to(device)
+    # torch's relu on CUDA (the CPU's keeps -0.0)
+    r = torch.where((h > 0) | h.isnan(), h, torch.zeros_like(h))
+    if device == "cuda":
+        assert_bit_equal(r, torch.relu(h))
+    want = SparseCodec(tile_size=64, sign_pack=sign_pack, check=False, kernel="torch").encode(r).buffers
+    c = st.count(h, h.numel(), 64, sign_pack, relu=True)
+    assert torch.equal(c.mask, want["mask"]) and torch.equal(c.tile_offsets, want["tile_offsets"])
+    values = torch.full((int(c.total) + 3,), 7, dtype=want["values"].dtype, device=device)
+    act = torch.empty_like(h)
+    st.compact(h, h.numel(), c, values, 64, sign_pack, relu=True, act=act, square=square)
+    assert torch.equal(values[: int(c.total)], want["values"]) and (values[int(c.total) :] == 7).all()
+    if not square:
+        assert_bit_equal(act, r)
+    elif device == "cuda" or dtype == torch.float32:  # bf16 rounding differs in Triton's interpreter
+        assert_bit_equal(act, r.square())
+
+
 # -- the jit helper, called from another kernel ---------------------------------------------------------
 
 import triton  # noqa: E402

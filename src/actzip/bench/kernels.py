@@ -1,12 +1,13 @@
 """Sparse-codec kernel throughput as a fraction of the device's measured copy bandwidth.
 
 For each dtype, density and packing: the two-pass encode (count pass, device scan, compact pass into a
-preallocated buffer), the single-pass encode (decoupled look-back; what the fused MLPs use, also for 16-bit
-floats the fused variant that applies the ReLU and writes relu(h)² as it encodes) and the decode, timed with ``triton.testing.do_bench``
-(median). Throughput counts the fewest bytes each must move: encode reads the tensor and writes the payload,
-decode reads the payload and writes the tensor; the fused ReLU encode reads h and writes relu(h)² and the
-payload. The copy bandwidth (bytes read + written by a large
-device-to-device copy) is measured in the same run.
+preallocated buffer; with sign packing a packing pass after it), the single-pass encode (decoupled look-back;
+no sign packing), for 16-bit floats the fused ReLU² encode the fused MLPs run (reads h, writes relu(h)² and
+the payload of relu(h); two passes, and one for comparison), and the decode, timed with
+``triton.testing.do_bench`` (median of the better of two interleaved rounds). Throughput counts the fewest
+bytes each must move: encode reads the tensor and writes the payload, decode reads the payload and writes
+the tensor. The copy bandwidth (bytes read + written by a large device-to-device copy) is measured in the
+same run.
 """
 
 from __future__ import annotations
@@ -61,51 +62,47 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
                                        device=device)
 
                 def enc1():
-                    E.encode(x, cfg.tile_size, sign_pack, values=one_pass)
-
-                def enc1_pairs():
-                    E.encode(x, cfg.tile_size, sign_pack, values=one_pass, row=2)
+                    E.encode(x, cfg.tile_size, sign_pack, values=one_pass, passes=1)
 
                 def dec():
                     K.decompress(c.mask, c.tile_offsets, c.values, n, dtype, cfg.tile_size, sign_pack)
 
+                variants = {"enc": enc, "dec": dec}
                 out = K.decompress(c.mask, c.tile_offsets, c.values, n, dtype, cfg.tile_size, sign_pack)
-                e1 = E.encode(x, cfg.tile_size, sign_pack, values=one_pass)
-                exact = bool(torch.equal(out, bits)) and bool(torch.equal(one_pass[: c.values.numel()], c.values))
-                exact = exact and bool(torch.equal(e1.mask, c.mask) and torch.equal(e1.tile_offsets, c.tile_offsets))
-                relu_row = {}
+                exact = bool(torch.equal(out, bits))
+                if not sign_pack:  # the single-pass encoder does not sign-pack
+                    variants["enc1"] = enc1
+                    e1 = E.encode(x, cfg.tile_size, sign_pack, values=one_pass, passes=1)
+                    exact = exact and bool(torch.equal(one_pass[: c.values.numel()], c.values))
+                    exact = exact and bool(torch.equal(e1.mask, c.mask) and torch.equal(e1.tile_offsets, c.tile_offsets))
                 if x.element_size() == 2 and not sign_pack:
                     h = torch.where(x != 0, x, -x.abs() - 1)  # same density; negatives where x is zero
-
-                    def enc_relu():
-                        E.encode(h, cfg.tile_size, False, relu=True, act="relu2", values=one_pass)
-
-                    def enc_relu_pairs():
-                        E.encode(h, cfg.tile_size, False, relu=True, act="relu2", values=one_pass, row=2)
-
-                    t_relu = triton.testing.do_bench(enc_relu, warmup=50, rep=300, return_mode="median") / 1e3
-                    t_relu_p = triton.testing.do_bench(enc_relu_pairs, warmup=50, rep=300, return_mode="median") / 1e3
-                    moved_relu = 2 * dense + payload
-                    relu_row = {"encode_relu2_s": t_relu, "encode_relu2_frac_copy": moved_relu / t_relu / bw,
-                                "encode_relu2_pairs_s": t_relu_p, "encode_relu2_pairs_frac_copy": moved_relu / t_relu_p / bw}
+                    # the fused MLP's encoder: relu(h) encoded, relu(h)² written, one or two passes over h
+                    variants["relu2"] = lambda: E.encode(h, cfg.tile_size, relu=True, act="relu2", values=one_pass)
+                    variants["relu2_1"] = lambda: E.encode(h, cfg.tile_size, relu=True, act="relu2", values=one_pass,
+                                                           passes=1)
                 timed = {}
                 for _ in range(2):  # interleaved: each variant twice, the best median kept
-                    for key, fn in (("enc", enc), ("enc1", enc1), ("enc1p", enc1_pairs), ("dec", dec)):
+                    for key, fn in variants.items():
                         t = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") / 1e3
                         timed[key] = min(t, timed.get(key, t))
-                t_enc, t_enc1, t_dec = timed["enc"], timed["enc1"], timed["dec"]
                 moved = dense + payload
+                moved_relu = 2 * dense + payload  # h read, relu(h)² written, the payload written
+
+                def frac(key, nbytes):
+                    return nbytes / timed[key] / bw if key in timed else None
+
                 rows.append({
                     "dtype": dname, "density": density, "sign_pack": sign_pack, "numel": n, "exact": exact,
                     "payload_bytes": payload, "dense_bytes": dense,
-                    "encode_s": t_enc, "decode_s": t_dec,
-                    "encode_bw": moved / t_enc, "decode_bw": moved / t_dec,
-                    "encode_frac_copy": moved / t_enc / bw, "decode_frac_copy": moved / t_dec / bw,
-                    "encode_single_pass_s": t_enc1, "encode_single_pass_frac_copy": moved / t_enc1 / bw,
-                    "encode_single_pass_pairs_s": timed["enc1p"],
-                    "encode_single_pass_pairs_frac_copy": moved / timed["enc1p"] / bw,
-                    **relu_row,
+                    "encode_s": timed["enc"], "decode_s": timed["dec"],
+                    "encode_bw": moved / timed["enc"], "decode_bw": moved / timed["dec"],
+                    "encode_frac_copy": frac("enc", moved), "decode_frac_copy": frac("dec", moved),
+                    "encode_single_pass_s": timed.get("enc1"), "encode_single_pass_frac_copy": frac("enc1", moved),
+                    "encode_relu2_s": timed.get("relu2"), "encode_relu2_frac_copy": frac("relu2", moved_relu),
+                    "encode_relu2_single_pass_s": timed.get("relu2_1"),
+                    "encode_relu2_single_pass_frac_copy": frac("relu2_1", moved_relu),
                 })
-                del values, c, out, one_pass, e1
+                del values, c, out, one_pass
             del x, bits
     return {"config": asdict(cfg), "copy_bandwidth": bw, "runs": rows, "machine": machine_record(device)}

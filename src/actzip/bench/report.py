@@ -67,21 +67,30 @@ def _kernels_section(path: Path, root: Path) -> str:
         f"{rec['config']['numel']:,} elements, tiles of {rec['config']['tile_size']}; copy bandwidth measured in the same "
         f"run: {rec['copy_bandwidth'] / 1e12:.2f} TB/s (read + write). Throughput counts the fewest bytes each "
         "direction must move (tensor + payload). Two-pass encode = count pass + device scan + compact pass "
-        "into a preallocated buffer; single-pass encode = one read of the tensor with a decoupled look-back (what "
-        "the fused MLPs use); fused ReLU² encode reads h and writes relu(h)² and the payload of relu(h). No host "
+        "into a preallocated buffer; single-pass encode = one read of the tensor with a decoupled look-back; the "
+        "fused ReLU² encode (what the fused MLPs run) reads h and writes relu(h)² and the payload of relu(h), in "
+        "two passes or one. Sign packing compacts whole values first, then packs them (two passes only). No host "
         "synchronization in any of them.\n",
         _provenance(rec, path, root) + "\n",
         "| dtype | density | sign packing | exact | 2-pass encode ms | % of copy | single-pass encode ms | % of copy "
-        "| decode ms | % of copy | fused ReLU² encode % of copy |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| decode ms | % of copy | fused ReLU² encode % of copy (2-pass) | (single pass) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def ms(v):
+        return "–" if v is None else f"{v * 1e3:.3f}"
+
+    def pct(v):
+        return "–" if v is None else f"{v:.0%}"
+
     for r in rec["runs"]:
-        one = (f"{r['encode_single_pass_s'] * 1e3:.3f} | {r['encode_single_pass_frac_copy']:.0%}"
-               if "encode_single_pass_s" in r else "– | –")
-        relu = f"{r['encode_relu2_frac_copy']:.0%}" if "encode_relu2_frac_copy" in r else "–"
+        relu2, relu1 = r.get("encode_relu2_frac_copy"), r.get("encode_relu2_single_pass_frac_copy")
+        if "encode_relu2_single_pass_s" not in r:  # older records: their fused ReLU² encode was the single pass
+            relu2, relu1 = None, relu2
         lines.append(f"| {r['dtype']} | {r['density']:.2f} | {'yes' if r['sign_pack'] else 'no'} | {r['exact']} | "
-                     f"{r['encode_s'] * 1e3:.3f} | {r['encode_frac_copy']:.0%} | {one} | {r['decode_s'] * 1e3:.3f} | "
-                     f"{r['decode_frac_copy']:.0%} | {relu} |")
+                     f"{ms(r['encode_s'])} | {pct(r['encode_frac_copy'])} | {ms(r.get('encode_single_pass_s'))} | "
+                     f"{pct(r.get('encode_single_pass_frac_copy'))} | {ms(r['decode_s'])} | "
+                     f"{pct(r['decode_frac_copy'])} | {pct(relu2)} | {pct(relu1)} |")
     return "\n".join(lines) + "\n"
 
 

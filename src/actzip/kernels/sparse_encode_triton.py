@@ -1,30 +1,34 @@
-"""Single-pass encoder for the sparse codec's format: one read of the input, no separate count pass.
+"""Encoders of the sparse codec's format into a preallocated buffer or an arena, without host synchronization.
 
-The two-pass encoder (:mod:`actzip.kernels.sparse_triton`: count, scan, compact) reads its input twice, which
-caps it near 60% of copy bandwidth. Here every program reads its tile once, publishes the tile's stored size,
-and learns the sizes of all earlier tiles with a *decoupled look-back* (Merrill and Garland's single-pass
-prefix scan, as in CUB): each tile keeps a status word in global memory,
+:func:`encode` runs one of two encoders, both with an optional ReLU applied on the fly (``relu``: the input is
+the pre-activation ``h``; what is stored is ``relu(h)``) and the activation the forward pass goes on with
+written as they go (``act``: ``relu(h)`` or ``relu(h)²``), so a fused MLP reads ``h`` and never materializes
+``relu(h)`` next to its output:
 
-    0                       not yet published,
-    AGGREGATE | size        the tile's own size,
-    INCLUSIVE | prefix      the sum of the sizes of this tile and every tile before it,
+- two passes (the default): :mod:`actzip.kernels.sparse_triton`'s count pass, a device-side scan,
+  :func:`reserve_kernel` (the arena reservation), its compact pass; with sign packing, the packing pass of
+  :mod:`actzip.kernels.sparse_signpack_triton` after it. Reading ``h`` twice was measured faster on an H200
+  than reading it once through the single-pass kernel (0.52 against 0.83 ms for 256M bf16 elements at
+  density 0.5): the count pass runs at copy speed, and the compaction's layout is the better one;
+- one pass (:func:`encode_kernel`, no sign packing): every program reads its tile once, publishes the
+  tile's stored size, and learns the sizes of all earlier tiles with a *decoupled look-back* (Merrill and
+  Garland's single-pass prefix scan, as in CUB): each tile keeps a status word in global memory,
 
-and a tile scans the status words of its predecessors, a window of ``LOOKBACK`` at a time, summing
-aggregates until it meets an inclusive prefix. Tiles take their index from an atomic ticket, not from
-``program_id``, so every tile a program waits for has already started: no deadlock, whatever order the GPU
-schedules programs in.
+      0                       not yet published,
+      AGGREGATE | size        the tile's own size,
+      INCLUSIVE | prefix      the sum of the sizes of this tile and every tile before it,
 
-The same kernel optionally
+  and a tile scans the status words of its predecessors, a window of ``LOOKBACK`` at a time, summing
+  aggregates until it meets an inclusive prefix. Tiles take their index from an atomic ticket, not from
+  ``program_id``, so every tile a program waits for has already started: no deadlock, whatever order the
+  GPU schedules programs in.
 
-- applies the ReLU itself (``RELU``: the input is the pre-activation ``h``; what is stored is ``relu(h)``),
-  and writes the activation the forward pass goes on with (``ACT_OUT``: ``relu(h)`` or ``relu(h)²``), so a
-  fused MLP reads ``h`` once and never materializes ``relu(h)`` next to its output;
-- reserves its values in an :class:`~actzip.memory.arena.Arena` on the device: tiles write only inside the
-  capacity, and the last tile moves the arena's cursor and statistics (refusals counted, the step's
-  overflow flag raised) and sets the ``ok`` flag.
+With an :class:`~actzip.memory.arena.Arena`, values go into its buffer at its cursor: the reservation moves
+the cursor and the statistics (refusals counted, the step's overflow flag raised) and sets the ``ok`` flag,
+and values are written only where they fit.
 
-Oracle: the PyTorch codec (``actzip.codecs.get("sparse", kernel="torch")``) and, for the ReLU, ``torch.relu``.
-The buffers are the two-pass encoder's, bit for bit.
+Oracle: the PyTorch codec (``actzip.codecs.get("sparse", kernel="torch")``) and, for the ReLU, ``torch.relu``
+on CUDA. Both encoders make the same buffers, bit for bit.
 """
 
 from __future__ import annotations
@@ -37,15 +41,15 @@ import triton.language as tl
 
 from actzip.core.dtypes import bit_view_dtype
 from actzip.core.errors import ConfigError
+from actzip.kernels import sparse_triton
 from actzip.kernels.sparse_triton import (
-    _NBITS,
     _TL_DTYPE as _TL_BITS,
     DEFAULT_TILE_SIZE,
     _check_bits,
     _num_warps,
     _width,
-    _window_combine,
     check_tile_size,
+    relu_bits,
 )
 
 AGGREGATE = tl.constexpr(1 << 61)
@@ -55,7 +59,6 @@ VALUE_MASK = tl.constexpr((1 << 61) - 1)
 # look-back alone went from 0.41 to 0.28 ms on 256M bf16 elements in tiles of 4096 (H200), the whole encode
 # from 0.79 to 0.75 ms.
 LOOKBACK = tl.constexpr(128)
-LOOKBACK_PACKED = tl.constexpr(32)  # sign packing's scan holds more registers: 128 was 4% slower there
 ONE_F32_BITS = tl.constexpr(0x3F800000)  # float32 1.0, as actzip.memory.arena.ONE_F32_BITS
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
@@ -92,8 +95,41 @@ def _exclusive_prefix(status_ptr, tile, size, LB: tl.constexpr):
     return excl
 
 
+@triton.jit
+def _reserve(res_ptr, counters_ptr, start, total, capacity, ELEM_BYTES: tl.constexpr, ARENA: tl.constexpr):
+    """Record ``total`` and ``start`` in the results, and with ``ARENA`` reserve ``total`` elements at the
+    arena's cursor (16-byte aligned) or count the refusal and raise the step flag; ``ok`` says which."""
+    tl.store(res_ptr, total)
+    tl.store(res_ptr + 4, start)
+    if ARENA:
+        granted = start + total <= capacity
+        tl.store(res_ptr + 3, granted.to(tl.int64))
+        nbytes = (total * ELEM_BYTES + 15) // 16 * 16
+        cursor = tl.load(counters_ptr)
+        wanted = tl.load(counters_ptr + 1) + nbytes
+        tl.store(counters_ptr, tl.where(granted, cursor + nbytes, cursor))
+        tl.store(counters_ptr + 1, wanted)
+        tl.store(counters_ptr + 2, tl.maximum(tl.load(counters_ptr + 2), wanted))
+        refused = 1 - granted.to(tl.int64)
+        tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + refused)
+        step_refused = tl.load(counters_ptr + 4) + refused
+        tl.store(counters_ptr + 4, step_refused)
+        # The arena's float32 step_overflow (found_inf for an optimizer) in the low half of this word.
+        tl.store(counters_ptr + 5, (step_refused > 0).to(tl.int64) * ONE_F32_BITS)
+    else:
+        tl.store(res_ptr + 3, 1)
+
+
 # capacity is not specialized (divisible by 16, equal to 1): Arena.fit() changes it between steps, and a new
 # specialization must not be compiled while a CUDA graph is being captured.
+@triton.jit(do_not_specialize=["capacity"])
+def reserve_kernel(total_ptr, res_ptr, counters_ptr, start_ptr, capacity, ELEM_BYTES: tl.constexpr,
+                   ARENA: tl.constexpr):
+    """The two-pass encoder's reservation, between its passes: ``_reserve`` of ``*total_ptr`` elements."""
+    _reserve(res_ptr, counters_ptr, tl.load(start_ptr) // ELEM_BYTES, tl.load(total_ptr), capacity, ELEM_BYTES,
+             ARENA)
+
+
 @triton.jit(do_not_specialize=["capacity"])
 def encode_kernel(
     src_ptr,
@@ -107,10 +143,7 @@ def encode_kernel(
     n,
     capacity,
     T: tl.constexpr,
-    NBITS: tl.constexpr,
-    WIDTH: tl.constexpr,
     ELEM_BYTES: tl.constexpr,
-    SIGN_PACK: tl.constexpr,
     BITS_DTYPE: tl.constexpr,
     RELU: tl.constexpr,
     ACT_OUT: tl.constexpr,
@@ -141,10 +174,7 @@ def encode_kernel(
     inb = local < tl.minimum(n - tile * T, T).to(tl.int32)
     if RELU:
         h = tl.load(src_ptr + tile * T + local, mask=inb, other=0.0)
-        h32 = h.to(tl.float32)
-        keep = (h32 > 0) | (h32 != h32)  # relu as torch computes it on CUDA: NaN passes, -0.0 gives +0.0
-        hb = h.to(BITS_DTYPE, bitcast=True)
-        x = tl.where(keep, hb, tl.zeros_like(hb))
+        x, h32, keep = relu_bits(h, BITS_DTYPE)
         if ACT_OUT == 1:
             tl.store(act_ptr + tile * T + local, x.to(h.dtype, bitcast=True), mask=inb)
         if ACT_OUT == 2:
@@ -157,72 +187,19 @@ def encode_kernel(
     tl.store(mask_ptr + tile * (T // 8) + tl.arange(0, T // 8),
              tl.sum(f8 << tl.arange(0, 8)[None, :], axis=1).to(tl.uint8))
     per_byte = tl.sum(f, axis=1)
-    count = tl.sum(per_byte, axis=0)
-    if SIGN_PACK:
-        size = ((count * WIDTH + 31) // 32).to(tl.int64)
-    else:
-        size = count.to(tl.int64)
+    size = tl.sum(per_byte, axis=0).to(tl.int64)
     start = tl.load(start_ptr) // ELEM_BYTES
-    if SIGN_PACK:
-        excl = _exclusive_prefix(work_ptr, tile, size, LOOKBACK_PACKED)
-    else:
-        excl = _exclusive_prefix(work_ptr, tile, size, LOOKBACK)
+    excl = _exclusive_prefix(work_ptr, tile, size, LOOKBACK)
     base = start + excl
-    vptr = values_ptr + base
     # Broadcast to a block: a scalar bool in a store mask is refused by Triton's interpreter.
     fits = (tl.zeros_like(f) + (base + size <= capacity).to(tl.int32)) != 0 if ARENA else f >= 0
-    if SIGN_PACK:
-        # One writer per word (see sparse_triton.compact_kernel): a scan keeps the last 64 bits of the tile's
-        # bit stream at every value; the value that completes a word stores it.
-        x1 = tl.reshape(x, (T,))
-        f1 = tl.reshape(f, (T,))
-        stored = f1 != 0
-        v = (x1 & ((1 << WIDTH) - 1)).to(tl.uint64)
-        win = tl.where(stored, v << (64 - WIDTH), tl.zeros_like(v))
-        end, win = tl.associative_scan((f1 * WIDTH, win), 0, _window_combine)
-        q = (end >> 5) - 1
-        fits = tl.reshape(fits, (T,))
-        done = stored & ((end >> 5) > ((end - WIDTH) >> 5)) & fits
-        shift = tl.minimum(tl.maximum(64 - (end - 32 * q), 0), 63).to(tl.uint64)
-        word = (win >> shift).to(tl.uint32).to(tl.int32, bitcast=True)
-        tl.store(vptr + q, word, mask=done)
-        tail = end & 31
-        last = stored & (end == count * WIDTH) & (tail != 0) & fits
-        shift = tl.minimum(64 - tail, 63).to(tl.uint64)
-        word = (win >> shift).to(tl.uint32).to(tl.int32, bitcast=True)
-        tl.store(vptr + (end >> 5), word, mask=last)
-        neg = tl.sum(tl.sum(((x >> (NBITS - 1)) & 1).to(tl.int32), axis=1), axis=0)
-        tl.atomic_add(res_ptr + 2, neg.to(tl.int64))
-    else:
-        rank = (tl.cumsum(per_byte, axis=0) - per_byte)[:, None] + (tl.cumsum(f, axis=1) - f)
-        tl.store(vptr + rank, x, mask=(f != 0) & fits)
+    rank = (tl.cumsum(per_byte, axis=0) - per_byte)[:, None] + (tl.cumsum(f, axis=1) - f)
+    tl.store(values_ptr + base + rank, x, mask=(f != 0) & fits)
     tl.store(tile_offsets_ptr + tile, excl.to(tl.int32))
-    if SIGN_PACK:  # words stored differ from values stored; without packing the last tile's total is nnz
-        tl.atomic_add(res_ptr + 1, count.to(tl.int64))
-    if tile == 0:
-        tl.store(res_ptr + 4, start)
     if tile == n_tiles - 1:
         total = excl + size
-        tl.store(res_ptr, total)
-        if not SIGN_PACK:
-            tl.store(res_ptr + 1, total)
-        if ARENA:
-            granted = start + total <= capacity
-            tl.store(res_ptr + 3, granted.to(tl.int64))
-            nbytes = (total * ELEM_BYTES + 15) // 16 * 16
-            cursor = tl.load(counters_ptr)
-            wanted = tl.load(counters_ptr + 1) + nbytes
-            tl.store(counters_ptr, tl.where(granted, cursor + nbytes, cursor))
-            tl.store(counters_ptr + 1, wanted)
-            tl.store(counters_ptr + 2, tl.maximum(tl.load(counters_ptr + 2), wanted))
-            refused = 1 - granted.to(tl.int64)
-            tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + refused)
-            step_refused = tl.load(counters_ptr + 4) + refused
-            tl.store(counters_ptr + 4, step_refused)
-            # The arena's float32 step_overflow (found_inf for an optimizer) in the low half of this word.
-            tl.store(counters_ptr + 5, (step_refused > 0).to(tl.int64) * ONE_F32_BITS)
-        else:
-            tl.store(res_ptr + 3, 1)
+        tl.store(res_ptr + 1, total)  # without sign packing every value is one element
+        _reserve(res_ptr, counters_ptr, start, total, capacity, ELEM_BYTES, ARENA)
 
 
 WORK_EXTRA = 8  # ticket, total, nnz, sign_set, ok, start, a zero start, padding
@@ -258,38 +235,47 @@ def encode(
     values: torch.Tensor | None = None,
     arena=None,
     row: int = 8,
+    passes: int = 2,
+    overwrite_input: bool = False,
 ) -> Encoded:
-    """Encode ``src`` (any dense float tensor; read in memory order if contiguous) in one pass.
+    """Encode ``src`` (any dense float tensor; read in memory order if contiguous) without a host synchronization.
 
-    No host synchronization. ``relu=True``: encode ``relu(src)`` instead, and with ``act="relu"`` or ``"relu2"`` also return
+    ``relu=True``: encode ``relu(src)`` instead, and with ``act="relu"`` or ``"relu2"`` also return
     ``relu(src)`` or ``relu(src)²`` (``src``'s shape). ``values``: a values buffer (the bit-view dtype, or int32
     with ``sign_pack``) of at least :func:`values_capacity` elements (the worst case: nothing is zero), no
     zeroing needed; or ``arena``, an :class:`~actzip.memory.arena.Arena`: values go into its buffer at its
     cursor and are written only if they fit (``ok``).
+
+    ``passes``: 2 (count, scan, reserve, compact: :mod:`actzip.kernels.sparse_triton`'s passes; the faster on
+    an H200) or 1 (:func:`encode_kernel`, one read of the input, ``row`` its layout; no sign packing). Sign
+    packing compacts the values whole into a scratch buffer as large as the input before packing them:
+    ``overwrite_input=True`` lets it use ``src`` itself (which then holds garbage; its version counter is
+    bumped so that autograd refuses a saved copy of it), else one is allocated for the call.
     """
     check_tile_size(tile_size)
     if row not in (2, 8):
         raise ConfigError(f"sparse encode: row must be 2 or 8 elements, got {row!r}")
+    if passes not in (1, 2) or (passes == 1 and sign_pack):
+        raise ConfigError(f"sparse encode: passes must be 1 or 2 (2 with sign packing), got {passes!r}")
     if act not in (None, "relu", "relu2"):
         raise ConfigError(f"sparse encode: act must be None, 'relu' or 'relu2', got {act!r}")
     if act is not None and not relu:
         raise ConfigError("sparse encode: act needs relu=True (it is the activation of the ReLU it encodes)")
+    if overwrite_input and not src.is_contiguous():
+        raise ConfigError("sparse encode: overwrite_input needs a contiguous input (a copy would be overwritten)")
     src = src.contiguous()
     bits_dtype = bit_view_dtype(src.dtype)
     bits = _check_bits(src.view(-1).view(bits_dtype), src.numel())
     n = bits.numel()
     if relu and src.dtype not in _FLOAT:
         raise ConfigError(f"sparse encode: relu=True takes float32, float16 or bfloat16, got {src.dtype}")
-    width = _width(bits_dtype, sign_pack)
     elem = 4 if sign_pack else bits.element_size()
     dev = src.device
     n_tiles = -(-n // tile_size)
-    mask = torch.empty(n_tiles * tile_size // 8, dtype=torch.uint8, device=dev)
-    tile_offsets = torch.empty(n_tiles, dtype=torch.int32, device=dev)
-    work = torch.zeros(n_tiles + WORK_EXTRA, dtype=torch.int64, device=dev)
-    res = work[n_tiles + 1:]
     out = torch.empty_like(src) if act is not None else None
     want = torch.int32 if sign_pack else bits_dtype
+    work = torch.zeros(n_tiles + WORK_EXTRA if passes == 1 else WORK_EXTRA, dtype=torch.int64, device=dev)
+    res = work[-(WORK_EXTRA - 1):]
     if arena is not None:
         values = arena.view(want)
         start_bytes = arena.counters[:1].clone()
@@ -303,15 +289,27 @@ def encode(
             raise ConfigError(f"values holds {values.numel()} elements; encoding {n} elements may need "
                               f"{values_capacity(n, tile_size, src.dtype, sign_pack)}")
         start_bytes, capacity, counters = res[5:6], values.numel(), res[5:6]
+    code = src.view(-1) if relu else bits
+    if passes == 2:
+        c = sparse_triton.count(code, n, tile_size, sign_pack, relu=relu)
+        reserve_kernel[(1,)](c.total, res, counters, start_bytes, capacity, ELEM_BYTES=elem, ARENA=arena is not None)
+        sparse_triton.compact(
+            code, n, c, values, tile_size, sign_pack, res[4:5], res[3:4] if arena is not None else None,
+            relu=relu, act=out.view(-1) if out is not None else None, square=act == "relu2",
+            scratch=bits if overwrite_input else None,
+        )  # fmt: skip
+        if overwrite_input:
+            torch.autograd.graph.increment_version(src)
+        return Encoded(c.mask, c.tile_offsets, values, res[0:1], c.nnz, c.sign_set, res[3:4], res[4:5], out)
+    mask = torch.empty(n_tiles * tile_size // 8, dtype=torch.uint8, device=dev)
+    tile_offsets = torch.empty(n_tiles, dtype=torch.int32, device=dev)
     if n_tiles:
         encode_kernel[(n_tiles,)](
-            src.view(-1) if relu else bits, out if out is not None else bits, mask, tile_offsets, values, work,
-            start_bytes, counters, n, capacity,
-            T=tile_size, NBITS=_NBITS[bits_dtype], WIDTH=width, ELEM_BYTES=elem, SIGN_PACK=sign_pack,
-            BITS_DTYPE=_TL_BITS[bits_dtype], RELU=relu, ACT_OUT={None: 0, "relu": 1, "relu2": 2}[act],
-            ARENA=arena is not None, ROW=row, num_warps=_num_warps(tile_size),
+            code, out if out is not None else bits, mask, tile_offsets, values, work, start_bytes, counters, n,
+            capacity, T=tile_size, ELEM_BYTES=elem, BITS_DTYPE=_TL_BITS[bits_dtype], RELU=relu,
+            ACT_OUT={None: 0, "relu": 1, "relu2": 2}[act], ARENA=arena is not None, ROW=row,
+            num_warps=_num_warps(tile_size),
         )  # fmt: skip
     else:
         res[3].fill_(1)
-    return Encoded(mask, tile_offsets, values, res[0:1], res[1:2], res[2:3] if sign_pack else None, res[3:4],
-                   res[4:5], out)
+    return Encoded(mask, tile_offsets, values, res[0:1], res[1:2], None, res[3:4], res[4:5], out)

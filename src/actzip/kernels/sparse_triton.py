@@ -10,7 +10,12 @@ except, optionally, to size the values buffer:
 1. :func:`count_kernel` writes each tile's mask bytes and its size in the values buffer (values, or int32
    words with sign packing);
 2. ``torch.cumsum`` of the sizes gives every tile's exclusive offset (``tile_offsets``), on the device;
-3. :func:`compact_kernel` writes each tile's stored values at its offset.
+3. :func:`compact_kernel` writes each tile's stored values at its offset; with sign packing it writes them
+   whole into scratch room and :mod:`actzip.kernels.sparse_signpack_triton` packs them into words.
+
+Both passes can apply a ReLU to a float input themselves (``relu=True``), and the compact pass can write the
+activation (``relu(h)`` or ``relu(h)²``) as it goes: the fused MLPs' encoder
+(:func:`actzip.kernels.sparse_encode_triton.encode`) is these passes with an arena reservation between them.
 
 :func:`decompress_kernel` rebuilds the raw bits, one tile per program, through :func:`load_tile_bits`, a
 ``@triton.jit`` helper that other kernels can call to read one tile of a payload without a dense copy.
@@ -44,6 +49,16 @@ _TL_DTYPE = {torch.uint8: tl.uint8, torch.int16: tl.int16, torch.int32: tl.int32
 
 
 @triton.jit
+def relu_bits(h, BITS_DTYPE: tl.constexpr):
+    """``relu(h)`` as raw bits (``BITS_DTYPE``) the way torch computes it on CUDA: NaN passes, -0.0 gives +0.0.
+    Also returns ``h`` in float32 and the kept flags (for an activation computed next to it)."""
+    h32 = h.to(tl.float32)
+    keep = (h32 > 0) | (h32 != h32)
+    hb = h.to(BITS_DTYPE, bitcast=True)
+    return tl.where(keep, hb, tl.zeros_like(hb)), h32, keep
+
+
+@triton.jit
 def count_kernel(
     bits_ptr,
     mask_ptr,
@@ -55,6 +70,8 @@ def count_kernel(
     NBITS: tl.constexpr,
     WIDTH: tl.constexpr,
     SIGN_PACK: tl.constexpr,
+    RELU: tl.constexpr = False,
+    BITS_DTYPE: tl.constexpr = tl.int16,
 ):
     """Pass 1: mask bytes and stored size of one tile.
 
@@ -62,14 +79,19 @@ def count_kernel(
     ``SparseCodec.encode`` (``sizes``: values per tile, or with ``SIGN_PACK`` words per tile,
     ``ceil(count * WIDTH / 32)``). With ``SIGN_PACK`` it also writes the tile's value count (``nvals``) and how
     many of its elements have the sign bit set (``nsign``), so the caller can refuse a negative input.
-    The tile is read as ``[T // 8, 8]``: row ``a`` holds the 8 elements of mask byte ``a``.
+    The tile is read as ``[T // 8, 8]``: row ``a`` holds the 8 elements of mask byte ``a``. With ``RELU``,
+    ``bits_ptr`` points to a float tensor ``h`` and the tile counted is ``relu(h)``'s (bits ``BITS_DTYPE``).
     """
     tile = tl.program_id(0)
     rows = tl.arange(0, T // 8)
     cols = tl.arange(0, 8)
     local = rows[:, None] * 8 + cols[None, :]  # 32-bit per element; the tile's start is a scalar pointer
     start = tile.to(tl.int64) * T
-    x = tl.load(bits_ptr + start + local, mask=local < tl.minimum(n - start, T).to(tl.int32), other=0)
+    inb = local < tl.minimum(n - start, T).to(tl.int32)
+    if RELU:
+        x, _, _ = relu_bits(tl.load(bits_ptr + start + local, mask=inb, other=0.0), BITS_DTYPE)
+    else:
+        x = tl.load(bits_ptr + start + local, mask=inb, other=0)
     f = (x != 0).to(tl.int32)
     byte = tl.sum(f << cols[None, :], axis=1)
     tl.store(mask_ptr + tile.to(tl.int64) * (T // 8) + rows, byte.to(tl.uint8))
@@ -84,87 +106,70 @@ def count_kernel(
 
 
 @triton.jit
-def _window_combine(len_a, win_a, len_b, win_b):
-    # Concatenate bit stream a then bit stream b and keep the last 64 bits of the result, the newest bit in
-    # bit 63 (the window of a stream shorter than 64 bits has zeros below it). Associative: it is
-    # concatenation followed by truncation.
-    kept = tl.where(len_b >= 64, tl.zeros_like(win_a), win_a >> tl.minimum(len_b, 63).to(tl.uint64))
-    return len_a + len_b, kept | win_b
-
-
-@triton.jit
 def compact_kernel(
     bits_ptr,
     tile_offsets_ptr,
     values_ptr,
     values_base_ptr,
     ok_ptr,
+    act_ptr,
     n,
     T: tl.constexpr,
-    WIDTH: tl.constexpr,
-    SIGN_PACK: tl.constexpr,
     HAS_OK: tl.constexpr,
     VEC: tl.constexpr = 1,
+    SLOT: tl.constexpr = False,
+    RELU: tl.constexpr = False,
+    ACT_OUT: tl.constexpr = 0,
+    BITS_DTYPE: tl.constexpr = tl.int16,
 ):
-    """Pass 2: the stored values of one tile, written at ``values_base + tile_offsets[tile]``.
+    """Pass 2: the stored values of one tile, whole (sign bits kept), at ``values_base + tile_offsets[tile]``,
+    or with ``SLOT`` at ``values_base + tile * T`` (a scratch buffer as large as the input; the sign-packing
+    pass reads it, see :mod:`actzip.kernels.sparse_signpack_triton`).
 
-    With ``HAS_OK``, nothing is written unless ``*ok_ptr`` is true (an arena refused the reservation).
+    With ``HAS_OK``, no value is written unless ``*ok_ptr`` is true (an arena refused the reservation). With
+    ``RELU`` (as in :func:`count_kernel`) the values are ``relu(h)``'s, and ``ACT_OUT`` 1 or 2 writes
+    ``relu(h)`` or ``relu(h)²`` to ``act_ptr`` (always, whatever ``ok`` says). With ``SLOT`` the scratch may
+    be the input itself: the whole tile is read before the first store (the ranks need all of it).
 
-    Oracle: ``SparseCodec.encode``'s ``values`` (``masked_select``; with ``SIGN_PACK``, ``pack_tile_words``).
-    The rank of a stored element inside its tile is the exclusive ``tl.cumsum`` of the flags.
-
-    Without ``SIGN_PACK`` each value goes to ``values[base + offset + rank]``. ``VEC`` (elements in 16 bytes)
-    tells the layout pass that the store's offsets come in aligned runs of ``VEC``, which they do not: it is
-    there so that each thread keeps ``VEC`` neighbouring elements (one 16-byte load, a scan inside the
-    thread) instead of one element per thread and a warp scan for each. The store stays correct because its
-    mask differs from element to element, so it is never vectorized and each element is written through its
-    own address (checked on the compiled code by the sm_90 compile test). Measured on an H200 (256M bf16
-    elements, tiles of 4096, a reduced copy of this kernel without the tail and ``ok`` masks): the pass took
-    0.38 ms instead of 0.61 at density 0.5, 0.25 instead of 0.60 at density 0.2.
-
-    With ``SIGN_PACK`` value ``rank`` occupies bits ``[rank*WIDTH, rank*WIDTH + WIDTH)`` of the tile's word
-    stream, so up to ``ceil(32 / WIDTH) + 1`` values share a word. Rather than OR-ing them into a zeroed buffer
-    with atomics, every word gets exactly one plain store, from the value holding the word's last bit (or, for
-    a tile's final partial word, from the tile's last value). That value knows the whole word because a scan
-    (``tl.associative_scan`` of :func:`_window_combine`) gives each element the last 64 bits of the tile's
-    stream up to and including its own value; a word spans at most 32 + WIDTH - 1 <= 62 of those bits. So the
-    kernel needs no zeroed buffer (it can write into a preallocated arena as is), makes no atomic traffic, and
-    no word has two writers: the result is race-free and deterministic. This needs WIDTH <= 31 (fp8, fp16,
-    bf16, fp32); fp64 with sign packing stays on the PyTorch path.
+    Oracle: ``SparseCodec.encode``'s ``values`` (``masked_select``). The rank of a stored element inside its
+    tile is the exclusive ``tl.cumsum`` of the flags; each value goes to ``values[base + rank]``. ``VEC``
+    (elements in 16 bytes) tells the layout pass that the store's offsets come in aligned runs of ``VEC``,
+    which they do not: it is there so that each thread keeps ``VEC`` neighbouring elements (one 16-byte load,
+    a scan inside the thread) instead of one element per thread and a warp scan for each. The store stays
+    correct because its mask differs from element to element, so it is never vectorized and each element is
+    written through its own address (checked on the compiled code by the sm_90 compile test). Measured on an
+    H200 (256M bf16 elements, tiles of 4096, count + scan + this pass): 0.52 ms instead of 0.78 at density
+    0.5, 0.41 instead of 0.77 at density 0.2.
     """
     tile = tl.program_id(0)
     idx = tl.arange(0, T)
     start = tile.to(tl.int64) * T
-    if HAS_OK:
-        n = tl.where(tl.load(ok_ptr) != 0, n, 0)  # refused: read nothing, so nothing is stored
-    x = tl.load(bits_ptr + start + idx, mask=idx < tl.minimum(n - start, T).to(tl.int32), other=0)
+    if RELU:
+        inb = idx < tl.minimum(n - start, T).to(tl.int32)
+        h = tl.load(bits_ptr + start + idx, mask=inb, other=0.0)
+        x, h32, keep = relu_bits(h, BITS_DTYPE)
+        if ACT_OUT == 1:
+            tl.store(act_ptr + start + idx, x.to(h.dtype, bitcast=True), mask=inb)
+        if ACT_OUT == 2:
+            r32 = tl.where(keep, h32, 0.0)
+            tl.store(act_ptr + start + idx, (r32 * r32).to(h.dtype), mask=inb)
+        if HAS_OK:  # refused: nothing is stored
+            x = tl.where(tl.load(ok_ptr) != 0, x, tl.zeros_like(x))
+    else:
+        if HAS_OK:
+            n = tl.where(tl.load(ok_ptr) != 0, n, 0)  # refused: read nothing, so nothing is stored
+        x = tl.load(bits_ptr + start + idx, mask=idx < tl.minimum(n - start, T).to(tl.int32), other=0)
     stored = x != 0
     f = stored.to(tl.int32)
-    incl = tl.cumsum(f, axis=0)
-    rank = incl - f
-    base = tl.load(values_base_ptr) + tl.load(tile_offsets_ptr + tile).to(tl.int64)
-    if SIGN_PACK:
-        v = (x & ((1 << WIDTH) - 1)).to(tl.uint64)
-        win = tl.where(stored, v << (64 - WIDTH), tl.zeros_like(v))
-        end, win = tl.associative_scan((f * WIDTH, win), 0, _window_combine)
-        # The word holding this value's last bit completes here if the value crosses or reaches a word end.
-        q = (end >> 5) - 1
-        done = stored & ((end >> 5) > ((end - WIDTH) >> 5))
-        shift = tl.minimum(tl.maximum(64 - (end - 32 * q), 0), 63).to(tl.uint64)
-        word = (win >> shift).to(tl.uint32).to(tl.int32, bitcast=True)
-        tl.store(values_ptr + base + q, word, mask=done)
-        # The tile's last value also writes the final, partial word of the stream (zero pad bits above).
-        count = tl.sum(f, axis=0)
-        tail = end & 31
-        last = stored & (rank == count - 1) & (tail != 0)
-        shift = tl.minimum(64 - tail, 63).to(tl.uint64)
-        word = (win >> shift).to(tl.uint32).to(tl.int32, bitcast=True)
-        tl.store(values_ptr + base + (end >> 5), word, mask=last)
+    rank = tl.cumsum(f, axis=0) - f
+    if SLOT:
+        base = tl.load(values_base_ptr) + start
     else:
-        off = base + rank
-        if VEC > 1:
-            off = tl.max_contiguous(tl.multiple_of(off, VEC), VEC)
-        tl.store(values_ptr + off, x, mask=stored)
+        base = tl.load(values_base_ptr) + tl.load(tile_offsets_ptr + tile).to(tl.int64)
+    off = base + rank
+    if VEC > 1:
+        off = tl.max_contiguous(tl.multiple_of(off, VEC), VEC)
+    tl.store(values_ptr + off, x, mask=stored)
 
 
 @triton.jit
@@ -343,6 +348,7 @@ class TileCounts(NamedTuple):
     total: torch.Tensor  # int64 [1]: sum of sizes, the values buffer's length
     nnz: torch.Tensor  # int64 [1]: stored elements
     sign_set: torch.Tensor | None  # int64 [1]: elements with the sign bit set (sign packing only), else None
+    nvals: torch.Tensor  # int32 [n_tiles]: values per tile (sizes itself without sign packing)
 
 
 class Compressed(NamedTuple):
@@ -356,13 +362,27 @@ class Compressed(NamedTuple):
     sign_set: torch.Tensor | None  # int64 [1]: elements with the sign bit set (sign packing only)
 
 
-def count(bits: torch.Tensor, n: int, tile_size: int = DEFAULT_TILE_SIZE, sign_pack: bool = False) -> TileCounts:
+_RELU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _relu_source(src: torch.Tensor, n: int) -> torch.Tensor:
+    if src.dtype not in _RELU_DTYPES:
+        raise ConfigError(f"sparse Triton kernels: relu=True takes float32, float16 or bfloat16, got {src.dtype}")
+    _check_bits(src, n)
+    return src
+
+
+def count(
+    bits: torch.Tensor, n: int, tile_size: int = DEFAULT_TILE_SIZE, sign_pack: bool = False, *, relu: bool = False
+) -> TileCounts:
     """Pass 1 (:func:`count_kernel`) and the device-side scan. No host synchronization.
 
     ``bits``: the first ``n`` elements of a contiguous 1-D tensor, in an integer view dtype (uint8, int16,
-    int32, int64) or a float dtype (viewed as its integer dtype).
+    int32, int64) or a float dtype (viewed as its integer dtype). ``relu=True``: count ``relu(bits)`` of a
+    float ``bits``.
     """
     check_tile_size(tile_size)
+    src = _relu_source(bits, n) if relu else None
     bits = _check_bits(bits, n)
     width = _width(bits.dtype, sign_pack)
     dev = bits.device
@@ -373,9 +393,9 @@ def count(bits: torch.Tensor, n: int, tile_size: int = DEFAULT_TILE_SIZE, sign_p
     nsign = torch.empty(n_tiles, dtype=torch.int32, device=dev) if sign_pack else sizes
     if n_tiles:
         count_kernel[(n_tiles,)](
-            bits, mask, sizes, nvals, nsign, n,
-            T=tile_size, NBITS=_NBITS[bits.dtype], WIDTH=width, SIGN_PACK=sign_pack,
-            num_warps=_num_warps(tile_size),
+            src if relu else bits, mask, sizes, nvals, nsign, n,
+            T=tile_size, NBITS=_NBITS[bits.dtype], WIDTH=width, SIGN_PACK=sign_pack, RELU=relu,
+            BITS_DTYPE=_TL_DTYPE[bits.dtype], num_warps=_num_warps(tile_size),
         )  # fmt: skip
     incl = torch.cumsum(sizes, 0, dtype=torch.int64)
     tile_offsets = (incl - sizes).to(torch.int32)
@@ -386,7 +406,7 @@ def count(bits: torch.Tensor, n: int, tile_size: int = DEFAULT_TILE_SIZE, sign_p
         sign_set = nsign.sum(dtype=torch.int64).reshape(1)
     else:
         nnz, sign_set = total, None
-    return TileCounts(mask, sizes, tile_offsets, total, nnz, sign_set)
+    return TileCounts(mask, sizes, tile_offsets, total, nnz, sign_set, nvals)
 
 
 def compact(
@@ -398,28 +418,59 @@ def compact(
     sign_pack: bool = False,
     values_offset: torch.Tensor | None = None,
     ok: torch.Tensor | None = None,
+    *,
+    relu: bool = False,
+    act: torch.Tensor | None = None,
+    square: bool = False,
+    scratch: torch.Tensor | None = None,
+    scratch_slots: bool = True,
 ) -> None:
     """Pass 2 (:func:`compact_kernel`): write the stored values into ``values``. No host synchronization.
 
     ``values`` must hold ``values_offset + counts.total`` elements (not checked: that would synchronize); it
     needs no zeroing. ``values_offset`` (one-element int64 tensor on the device, default 0) is where this
     payload's values start in ``values``. ``ok`` (one-element bool tensor on the device): write only if true.
+    ``relu=True`` (``bits`` a float tensor, as :func:`count` was given): store ``relu(bits)``, and write
+    ``relu(bits)`` (or its square, ``square=True``) into ``act`` if given.
+
+    With ``sign_pack`` the values are compacted whole into ``scratch`` (the bit-view dtype), then packed
+    (:mod:`actzip.kernels.sparse_signpack_triton`): with ``scratch_slots`` it needs one element per input
+    element (the input itself will do when nothing reads it afterwards; ``None``: allocated), else
+    ``counts.nnz`` elements.
     """
     check_tile_size(tile_size)
+    src = _relu_source(bits, n) if relu else None
     bits = _check_bits(bits, n)
     width = _width(bits.dtype, sign_pack)
     want = torch.int32 if sign_pack else bits.dtype
     if values.dtype != want or values.device != bits.device:
         raise ConfigError(f"values must be a {want} tensor on {bits.device}, got {values.dtype} on {values.device}")
     n_tiles = counts.sizes.numel()
-    if n_tiles:
-        # An int32 flag: bool pointers are not loadable everywhere (Triton's interpreter refuses them as masks).
-        okp = ok.to(torch.int32) if ok is not None else counts.tile_offsets  # unused without HAS_OK
-        compact_kernel[(n_tiles,)](
-            bits, counts.tile_offsets, values, _base(values_offset, bits.device), okp, n,
-            T=tile_size, WIDTH=width, SIGN_PACK=sign_pack, HAS_OK=ok is not None,
-            VEC=1 if sign_pack else 16 // bits.element_size(), num_warps=_num_warps(tile_size),
-        )  # fmt: skip
+    if not n_tiles:
+        return
+    dev = bits.device
+    # An int32 flag: bool pointers are not loadable everywhere (Triton's interpreter refuses them as masks).
+    okp = ok.to(torch.int32) if ok is not None else counts.tile_offsets  # unused without HAS_OK
+    if sign_pack:
+        if scratch is None:
+            scratch = torch.empty(n_tiles * tile_size if scratch_slots else 0, dtype=bits.dtype, device=dev)
+        if scratch.dtype != bits.dtype or scratch.device != dev:
+            raise ConfigError(f"scratch must be a {bits.dtype} tensor on {dev}, got {scratch.dtype} on {scratch.device}")
+        value_offsets = None if scratch_slots else torch.cumsum(counts.nvals, 0, dtype=torch.int64) - counts.nvals
+        target, offsets, base = scratch, value_offsets if value_offsets is not None else counts.tile_offsets, None
+    else:
+        target, offsets, base = values, counts.tile_offsets, values_offset
+    compact_kernel[(n_tiles,)](
+        src if relu else bits, offsets, target, _base(base, dev), okp, act if act is not None else bits, n,
+        T=tile_size, HAS_OK=ok is not None, VEC=16 // bits.element_size(), SLOT=sign_pack and scratch_slots,
+        RELU=relu, ACT_OUT=0 if act is None else 2 if square else 1, BITS_DTYPE=_TL_DTYPE[bits.dtype],
+        num_warps=_num_warps(tile_size),
+    )  # fmt: skip
+    if sign_pack:
+        from actzip.kernels.sparse_signpack_triton import pack
+
+        pack(scratch, counts.nvals, counts.tile_offsets, values, width, tile_size, value_offsets=value_offsets,
+             words_base=_base(values_offset, dev), ok=okp if ok is not None else None)
 
 
 def compress(
@@ -437,13 +488,21 @@ def compress(
     int32 with ``sign_pack``; no zeroing needed) and optionally ``values_offset``, a one-element int64 tensor
     on the device saying where this payload starts in it, to encode with no synchronization at all; the
     returned ``total`` (on the device) says how many elements were used. The sign bit is dropped with
-    ``sign_pack`` whether set or not: ``sign_set`` counts the elements that had it.
+    ``sign_pack`` whether set or not: ``sign_set`` counts the elements that had it. Sign packing needs scratch
+    room for the values before packing: as many elements as stored values when the sizes are read, else as
+    many as the input has, for the duration of the call.
     """
     c = count(bits, n, tile_size, sign_pack)
+    bits_dtype = _check_bits(bits, n).dtype
+    scratch = None
     if values is None:
-        dtype = torch.int32 if sign_pack else _check_bits(bits, n).dtype
-        values = torch.empty(int(c.total.item()), dtype=dtype, device=bits.device)
-    compact(bits, n, c, values, tile_size, sign_pack, values_offset)
+        if sign_pack:
+            total, nnz = torch.cat([c.total, c.nnz]).tolist()  # the one host synchronization
+            scratch = torch.empty(nnz, dtype=bits_dtype, device=bits.device)
+        else:
+            total = int(c.total.item())
+        values = torch.empty(total, dtype=torch.int32 if sign_pack else bits_dtype, device=bits.device)
+    compact(bits, n, c, values, tile_size, sign_pack, values_offset, scratch=scratch, scratch_slots=scratch is None)
     return Compressed(c.mask, c.tile_offsets, values, c.total, c.nnz, c.sign_set)
 
 

@@ -107,7 +107,10 @@ def encode_into_arena(
     from actzip.kernels import sparse_encode_triton
 
     tile, sign_pack = codec.tile_size, codec.sign_pack
-    e = sparse_encode_triton.encode(h, tile, sign_pack, relu=True, act="relu2" if square else "relu", arena=arena)
+    # Sign packing needs scratch as large as h, and h (made by the up projection inside the MLP's forward, kept
+    # by nothing) is dead once encoded: it serves, so the forward pass allocates nothing more for packing.
+    e = sparse_encode_triton.encode(h, tile, sign_pack, relu=True, act="relu2" if square else "relu", arena=arena,
+                                    overwrite_input=sign_pack and h.is_contiguous())
     elem = 4 if sign_pack else h.element_size()
     meta = {"nnz": None, "perm": None, "tile_size": tile, "sign_pack": sign_pack, "values_buffer": arena.buffer,
             "values_offset": e.start, "reservation": Reservation(e.start, e.ok, device_only=arena.device_policy())}
