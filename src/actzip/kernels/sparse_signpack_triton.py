@@ -38,14 +38,16 @@ def pack_kernel(
     ok_ptr,
     T: tl.constexpr,
     WIDTH: tl.constexpr,
+    LANES: tl.constexpr,
     SLOT: tl.constexpr,
     HAS_OK: tl.constexpr,
 ):
     """One tile: its ``nvals[tile]`` values (scratch, from ``value_offsets[tile]`` or with ``SLOT`` from
     ``tile * T``; sign bits ignored) packed into ``ceil(nvals * WIDTH / 32)`` words at
-    ``words_base + tile_offsets[tile]``. With ``HAS_OK`` nothing is written unless ``*ok_ptr`` is true."""
+    ``words_base + tile_offsets[tile]``. ``LANES``: a power of two >= ``ceil(T * WIDTH / 32)``, the most words
+    a tile can have. With ``HAS_OK`` nothing is written unless ``*ok_ptr`` is true."""
     tile = tl.program_id(0)
-    j = tl.arange(0, T)  # word index in the tile: a tile has at most ceil(T * WIDTH / 32) < T words
+    j = tl.arange(0, LANES)  # word index in the tile
     count = tl.load(nvals_ptr + tile)
     if HAS_OK:
         count = tl.where(tl.load(ok_ptr) != 0, count, 0)
@@ -55,18 +57,18 @@ def pack_kernel(
         src = scratch_ptr + tl.load(value_offsets_ptr + tile)
     live = j < (count * WIDTH + 31) // 32
     first = (32 * j) // WIDTH
-    word = tl.zeros([T], dtype=tl.uint64)
+    word = tl.zeros([LANES], dtype=tl.uint32)
     # A word spans at most 32 // WIDTH + 2 values; a value's field starts `pos` bits into the word (negative:
-    # it began in the word before).
+    # it began in the word before). 32-bit arithmetic throughout, every shift in [0, 31].
     for k in tl.static_range(32 // WIDTH + 2):
         r = first + k
-        v = tl.load(src + r, mask=live & (r < count), other=0)
-        v = v.to(tl.int64).to(tl.uint64) & ((1 << WIDTH) - 1)
         pos = r * WIDTH - 32 * j
-        word |= (v << tl.maximum(pos, 0).to(tl.uint64)) >> tl.maximum(-pos, 0).to(tl.uint64)
-    word = (word & 0xFFFFFFFF).to(tl.uint32).to(tl.int32, bitcast=True)
+        v = tl.load(src + r, mask=live & (r < count) & (pos < 32), other=0)
+        v = (v.to(tl.int32) & ((1 << WIDTH) - 1)).to(tl.uint32, bitcast=True)
+        word |= (v << tl.minimum(tl.maximum(pos, 0), 31).to(tl.uint32)) >> tl.minimum(tl.maximum(-pos, 0), 31).to(
+            tl.uint32)
     base = tl.load(words_base_ptr) + tl.load(tile_offsets_ptr + tile).to(tl.int64)
-    tl.store(words_ptr + base + j, word, mask=live)
+    tl.store(words_ptr + base + j, word.to(tl.int32, bitcast=True), mask=live)
 
 
 def pack(
@@ -96,9 +98,10 @@ def pack(
         return
     dev = words.device
     base = words_base if words_base is not None else torch.zeros(1, dtype=torch.int64, device=dev)
+    lanes = triton.next_power_of_2(-(-tile_size * width // 32))
     pack_kernel[(n_tiles,)](
         scratch, value_offsets if value_offsets is not None else nvals, nvals, tile_offsets, words, base,
         ok if ok is not None else nvals,
-        T=tile_size, WIDTH=width, SLOT=value_offsets is None, HAS_OK=ok is not None,
-        num_warps=_num_warps(tile_size),
+        T=tile_size, WIDTH=width, LANES=lanes, SLOT=value_offsets is None, HAS_OK=ok is not None,
+        num_warps=_num_warps(lanes),
     )  # fmt: skip
