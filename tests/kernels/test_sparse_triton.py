@@ -259,7 +259,11 @@ def test_count_compact_of_relu(device, dtype, sign_pack, square):
     g = torch.Generator().manual_seed(4)
     h = torch.randn(330, generator=g)
     h[::7], h[3::11], h[5::13] = -0.0, 0.0, float("nan")
-    h = h.to(dtype).to(device)
+    h = h.to(dtype)
+    # NaNs with payloads, of both signs, pass unchanged
+    nans = [0x7F800001, -0x003FFFFF] if dtype == torch.float32 else [0x7F81, -0x003F]
+    h.view(bit_view_dtype(dtype))[[10, 20]] = torch.tensor(nans, dtype=bit_view_dtype(dtype))
+    h = h.to(device)
     # torch's relu on CUDA (the CPU's keeps -0.0)
     r = torch.where((h > 0) | h.isnan(), h, torch.zeros_like(h))
     if device == "cuda":
