@@ -71,16 +71,15 @@ def check_two_pass_and_decode_kernels_compile(sign_pack):
         compile_for_hopper(st.count_kernel, {"bits_ptr": "*bf16" if relu else "*i16", "mask_ptr": "*u8",
                                              "sizes_ptr": "*i32", "nvals_ptr": "*i32", "nsign_ptr": "*i32", "n": "i64"},
                            dict(T=4096, NBITS=16, WIDTH=width, SIGN_PACK=sign_pack, RELU=relu, BITS_DTYPE=tl.int16))
-        consts = dict(T=4096, HAS_OK=True, VEC=8, RELU=relu, ACT_OUT=2 if relu else 0, BITS_DTYPE=tl.int16)
-        sig = dict(COMPACT_SIG, bits_ptr="*bf16" if relu else "*i16")
-        if not sign_pack:
-            compile_for_hopper(st.compact_kernel, sig, consts)
-            continue
-        sig = {"bits_ptr": sig["bits_ptr"], "tile_offsets_ptr": "*i32", "scratch_ptr": "*i16", "words_ptr": "*i32",
-               "words_base_ptr": "*i64", "ok_ptr": "*i32", "act_ptr": "*bf16", "n": "i64"}
-        ordered = dict(T=4096, WIDTH=width, LANES=2048, **{k: v for k, v in consts.items() if k != "T"})
-        ptx = compile_for_hopper(sp.compact_pack_kernel, sig, ordered)  # constants in parameter order
-        assert "bar.sync" in ptx  # the whole tile is in its slot before it is packed
+        compile_for_hopper(st.compact_kernel, dict(COMPACT_SIG, bits_ptr="*bf16" if relu else "*i16"),
+                           dict(T=4096, HAS_OK=True, VEC=8, SLOT=sign_pack, RELU=relu, ACT_OUT=2 if relu else 0,
+                                BITS_DTYPE=tl.int16))
+    if sign_pack:
+        for slot in (False, True):
+            compile_for_hopper(sp.pack_kernel, {"scratch_ptr": "*i16", "value_offsets_ptr": "*i64",
+                                                "nvals_ptr": "*i32", "tile_offsets_ptr": "*i32", "words_ptr": "*i32",
+                                                "words_base_ptr": "*i64", "ok_ptr": "*i32"},
+                               dict(T=4096, WIDTH=width, LANES=2048, SLOT=slot, HAS_OK=True))
 
 
 def check_compact_stores_stay_scalar():
@@ -93,8 +92,8 @@ def check_compact_stores_stay_scalar():
     for bits, vec in (("i16", 8), ("u8", 16), ("i32", 4)):
         sig = dict(COMPACT_SIG, bits_ptr=f"*{bits}", values_ptr=f"*{bits}", act_ptr=f"*{bits}")
         for has_ok in (False, True):
-            ptx = compile_for_hopper(st.compact_kernel, sig, dict(T=4096, HAS_OK=has_ok, VEC=vec, RELU=False, ACT_OUT=0,
-                                                                  BITS_DTYPE=tl.int16), aligned=True)
+            ptx = compile_for_hopper(st.compact_kernel, sig, dict(T=4096, HAS_OK=has_ok, VEC=vec, SLOT=False, RELU=False,
+                                                                  ACT_OUT=0, BITS_DTYPE=tl.int16), aligned=True)
             stores = re.findall(r"st\.global[.\w]*", ptx)
             assert stores and not any(".v" in op for op in stores), (bits, has_ok, sorted(set(stores)))
             if not has_ok:  # the layout took effect: 16-byte loads

@@ -234,7 +234,9 @@ class SparseCodec(Codec):
         else:
             total = nnz = int(c.total.item())  # the one host sync
         values = torch.empty(total, dtype=torch.int32 if self.sign_pack else bits.dtype, device=bits.device)
-        sparse_triton.compact(bits, n, c, values, self.tile_size, self.sign_pack)
+        # Sign packing compacts the values whole first: scratch room for them, sized by the same read.
+        scratch = torch.empty(nnz, dtype=bits.dtype, device=bits.device) if self.sign_pack else None
+        sparse_triton.compact(bits, n, c, values, self.tile_size, self.sign_pack, scratch=scratch, scratch_slots=False)
         return {"mask": c.mask, "tile_offsets": c.tile_offsets, "values": values}, nnz
 
     def decode(self, payload: Payload) -> torch.Tensor:

@@ -1,40 +1,62 @@
-"""Sign packing for the sparse codec's Triton encoder: a tile's compacted values -> its stream of ``WIDTH``-bit
+"""Sign packing for the sparse codec's Triton encoders: compacted values -> each tile's stream of ``WIDTH``-bit
 fields in int32 words (the format is in :mod:`actzip.codecs.sparse`).
 
 Packing while compacting needs, at every value, the bits of the values just before it in the tile's stream,
-which sit in other threads. A scan that carried a 64-bit window of the stream did it in registers, at a third
-of the unpacked encoder's speed (H200, 256M bf16 elements: 1.95 ms against 0.52); a separate packing kernel
-after the compaction was no better (1.30 ms: one more launch over every tile, each waiting on two dependent
-loads). Here one program per tile compacts its values whole into its own slot of a scratch buffer (the
-unpacked encoder's work), waits at a barrier until the whole tile is there, and makes every output word from
-the few values it covers: word ``j`` holds stream bits ``[32j, 32j + 32)``, i.e. parts of values
-``32j // WIDTH`` to ``(32j + 31) // WIDTH``. The reads hit the cache lines the program has just written, the
-word stores are contiguous, and no word has two writers.
+which sit in other threads: a scan that carried a 64-bit window of the stream did it in one pass, at a third
+of the unpacked encoder's speed (H200, 256M bf16 elements: 1.95 ms against 0.52). Here the values are first
+compacted whole into a scratch buffer (the unpacked encoder's pass, at its speed), then :func:`pack_kernel`
+makes every output word from the few values it covers: word ``j`` of a tile holds stream bits
+``[32j, 32j + 32)``, i.e. parts of values ``32j // WIDTH`` to ``(32j + 31) // WIDTH``; it reads them (cached:
+neighbouring words read neighbouring values) and writes the word once, so stores are contiguous and no word
+has two writers. Measured on an H200 (256M bf16 elements, density 0.5, count + scan + compact + this pass):
+1.30 ms. Packing inside the compaction's own program instead (values into the tile's scratch slot, a CTA
+barrier, then the words) measured 1.60 ms, so the passes stay apart.
 
-The scratch needs a slot of ``T`` elements per tile (as many elements as the input). The input itself will do
-when nothing reads it afterwards: each program reads its whole tile before writing its slot.
+The scratch holds a tile's values either at the tile's exclusive prefix of value counts (``value_offsets``:
+as many elements as values stored) or in a slot of ``T`` elements per tile (``slot=True``: as many elements as
+the input; no prefix needed, so the input itself can serve when nothing reads it afterwards).
 
 Oracle: ``actzip.codecs.bitpack.pack_tile_words`` (the PyTorch codec's packing).
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from actzip.kernels.sparse_triton import tile_values
-
-
-def lanes(tile_size: int, width: int) -> int:
-    """The words a tile can fill, rounded up to a power of two (the packing loop's block)."""
-    return triton.next_power_of_2(-(-tile_size * width // 32))
+from actzip.core.errors import ConfigError
+from actzip.kernels.sparse_triton import _num_warps
 
 
 @triton.jit
-def pack_words(src, count, WIDTH: tl.constexpr, LANES: tl.constexpr):
-    """``(j, word, live)``: words ``j`` of the stream of the ``count`` values at ``src`` (sign bits ignored);
-    ``live`` marks the ``ceil(count * WIDTH / 32)`` words that exist."""
-    j = tl.arange(0, LANES)
+def pack_kernel(
+    scratch_ptr,
+    value_offsets_ptr,
+    nvals_ptr,
+    tile_offsets_ptr,
+    words_ptr,
+    words_base_ptr,
+    ok_ptr,
+    T: tl.constexpr,
+    WIDTH: tl.constexpr,
+    LANES: tl.constexpr,
+    SLOT: tl.constexpr,
+    HAS_OK: tl.constexpr,
+):
+    """One tile: its ``nvals[tile]`` values (scratch, from ``value_offsets[tile]`` or with ``SLOT`` from
+    ``tile * T``; sign bits ignored) packed into ``ceil(nvals * WIDTH / 32)`` words at
+    ``words_base + tile_offsets[tile]``. ``LANES``: a power of two >= ``ceil(T * WIDTH / 32)``, the most words
+    a tile can have. With ``HAS_OK`` nothing is written unless ``*ok_ptr`` is true."""
+    tile = tl.program_id(0)
+    j = tl.arange(0, LANES)  # word index in the tile
+    count = tl.load(nvals_ptr + tile)
+    if HAS_OK:
+        count = tl.where(tl.load(ok_ptr) != 0, count, 0)
+    if SLOT:
+        src = scratch_ptr + tile.to(tl.int64) * T
+    else:
+        src = scratch_ptr + tl.load(value_offsets_ptr + tile)
     live = j < (count * WIDTH + 31) // 32
     first = (32 * j) // WIDTH
     word = tl.zeros([LANES], dtype=tl.uint32)
@@ -45,44 +67,43 @@ def pack_words(src, count, WIDTH: tl.constexpr, LANES: tl.constexpr):
         pos = r * WIDTH - 32 * j
         v = tl.load(src + r, mask=live & (r < count) & (pos < 32), other=0)
         v = (v.to(tl.int32) & ((1 << WIDTH) - 1)).to(tl.uint32, bitcast=True)
-        left = tl.minimum(tl.maximum(pos, 0), 31).to(tl.uint32)
-        right = tl.minimum(tl.maximum(-pos, 0), 31).to(tl.uint32)
-        word |= (v << left) >> right
-    return j, word.to(tl.int32, bitcast=True), live
+        word |= (v << tl.minimum(tl.maximum(pos, 0), 31).to(tl.uint32)) >> tl.minimum(tl.maximum(-pos, 0), 31).to(
+            tl.uint32)
+    base = tl.load(words_base_ptr) + tl.load(tile_offsets_ptr + tile).to(tl.int64)
+    tl.store(words_ptr + base + j, word.to(tl.int32, bitcast=True), mask=live)
 
 
-@triton.jit
-def compact_pack_kernel(
-    bits_ptr,
-    tile_offsets_ptr,
-    scratch_ptr,
-    words_ptr,
-    words_base_ptr,
-    ok_ptr,
-    act_ptr,
-    n,
-    T: tl.constexpr,
-    WIDTH: tl.constexpr,
-    LANES: tl.constexpr,
-    HAS_OK: tl.constexpr,
-    VEC: tl.constexpr = 1,
-    RELU: tl.constexpr = False,
-    ACT_OUT: tl.constexpr = 0,
-    BITS_DTYPE: tl.constexpr = tl.int16,
-):
-    """One tile of a sign-packed payload: its words at ``words_base + tile_offsets[tile]`` (``tile_offsets`` in
-    words). ``HAS_OK``, ``RELU``, ``ACT_OUT``: as in :func:`actzip.kernels.sparse_triton.tile_values`; ``VEC``:
-    as in :func:`actzip.kernels.sparse_triton.compact_kernel`. ``LANES``: :func:`lanes` of ``T`` and
-    ``WIDTH``."""
-    tile = tl.program_id(0)
-    x, stored, rank = tile_values(bits_ptr, ok_ptr, act_ptr, n, tile, T, HAS_OK, RELU, ACT_OUT, BITS_DTYPE)
-    slot = scratch_ptr + tile.to(tl.int64) * T
-    off = rank
-    if VEC > 1:
-        off = tl.max_contiguous(tl.multiple_of(off, VEC), VEC)
-    tl.store(slot + off, x, mask=stored)
-    # Every thread's values in the slot before any thread reads them (a CTA barrier orders global memory too).
-    tl.debug_barrier()
-    j, word, live = pack_words(slot, tl.sum(stored.to(tl.int32), axis=0), WIDTH, LANES)
-    tl.store(words_ptr + tl.load(words_base_ptr) + tl.load(tile_offsets_ptr + tile).to(tl.int64) + j, word,
-             mask=live)
+def pack(
+    scratch: torch.Tensor,
+    nvals: torch.Tensor,
+    tile_offsets: torch.Tensor,
+    words: torch.Tensor,
+    width: int,
+    tile_size: int,
+    *,
+    value_offsets: torch.Tensor | None = None,
+    words_base: torch.Tensor | None = None,
+    ok: torch.Tensor | None = None,
+) -> None:
+    """Pack the compacted values in ``scratch`` into ``words`` (int32) at ``words_base + tile_offsets``.
+
+    ``value_offsets`` (int64 per tile): where each tile's values start in ``scratch``; ``None``: slot ``tile *
+    tile_size``. ``nvals`` (int32 per tile): values per tile. ``words_base``: one-element int64 device tensor
+    (default 0). ``ok``: one-element int32 device tensor; write only if nonzero. No host synchronization.
+    """
+    if words.dtype != torch.int32:
+        raise ConfigError(f"sign packing: the words buffer must be int32, got {words.dtype}")
+    if not 1 <= width <= 31:
+        raise ConfigError(f"sign packing: width must be 1..31 bits, got {width}")
+    n_tiles = nvals.numel()
+    if not n_tiles:
+        return
+    dev = words.device
+    base = words_base if words_base is not None else torch.zeros(1, dtype=torch.int64, device=dev)
+    lanes = triton.next_power_of_2(-(-tile_size * width // 32))
+    pack_kernel[(n_tiles,)](
+        scratch, value_offsets if value_offsets is not None else nvals, nvals, tile_offsets, words, base,
+        ok if ok is not None else nvals,
+        T=tile_size, WIDTH=width, LANES=lanes, SLOT=value_offsets is None, HAS_OK=ok is not None,
+        num_warps=_num_warps(lanes),
+    )  # fmt: skip

@@ -115,14 +115,42 @@ def count_kernel(
 
 
 @triton.jit
-def tile_values(bits_ptr, ok_ptr, act_ptr, n, tile, T: tl.constexpr, HAS_OK: tl.constexpr, RELU: tl.constexpr,
-                ACT_OUT: tl.constexpr, BITS_DTYPE: tl.constexpr):
-    """One tile's elements (raw bits, ``[T]``), whether each is stored, and each one's rank among the stored.
+def compact_kernel(
+    bits_ptr,
+    tile_offsets_ptr,
+    values_ptr,
+    values_base_ptr,
+    ok_ptr,
+    act_ptr,
+    n,
+    T: tl.constexpr,
+    HAS_OK: tl.constexpr,
+    VEC: tl.constexpr = 1,
+    SLOT: tl.constexpr = False,
+    RELU: tl.constexpr = False,
+    ACT_OUT: tl.constexpr = 0,
+    BITS_DTYPE: tl.constexpr = tl.int16,
+):
+    """Pass 2: the stored values of one tile, whole (sign bits kept), at ``values_base + tile_offsets[tile]``,
+    or with ``SLOT`` at ``values_base + tile * T`` (a scratch buffer as large as the input; the sign-packing
+    pass reads it, see :mod:`actzip.kernels.sparse_signpack_triton`).
 
-    With ``HAS_OK`` and ``*ok_ptr`` false nothing counts as stored. With ``RELU`` (``bits_ptr`` a float
-    tensor) the elements are ``relu(h)``'s, and ``ACT_OUT`` 1 or 2 writes ``relu(h)`` or ``relu(h)²`` to
-    ``act_ptr`` (always, whatever ``ok`` says).
+    With ``HAS_OK``, no value is written unless ``*ok_ptr`` is true (an arena refused the reservation). With
+    ``RELU`` (as in :func:`count_kernel`) the values are ``relu(h)``'s, and ``ACT_OUT`` 1 or 2 writes
+    ``relu(h)`` or ``relu(h)²`` to ``act_ptr`` (always, whatever ``ok`` says). With ``SLOT`` the scratch may
+    be the input itself: the whole tile is read before the first store (the ranks need all of it).
+
+    Oracle: ``SparseCodec.encode``'s ``values`` (``masked_select``). The rank of a stored element inside its
+    tile is the exclusive ``tl.cumsum`` of the flags; each value goes to ``values[base + rank]``. ``VEC``
+    (elements in 16 bytes) tells the layout pass that the store's offsets come in aligned runs of ``VEC``,
+    which they do not: it is there so that each thread keeps ``VEC`` neighbouring elements (one 16-byte load,
+    a scan inside the thread) instead of one element per thread and a warp scan for each. The store stays
+    correct because its mask differs from element to element, so it is never vectorized and each element is
+    written through its own address (checked on the compiled code by the sm_90 compile test). Measured on an
+    H200 (256M bf16 elements, tiles of 4096, count + scan + this pass): 0.52 ms instead of 0.78 at density
+    0.5, 0.41 instead of 0.77 at density 0.2.
     """
+    tile = tl.program_id(0)
     idx = tl.arange(0, T)
     start = tile.to(tl.int64) * T
     if RELU:
@@ -142,41 +170,12 @@ def tile_values(bits_ptr, ok_ptr, act_ptr, n, tile, T: tl.constexpr, HAS_OK: tl.
         x = tl.load(bits_ptr + start + idx, mask=idx < tl.minimum(n - start, T).to(tl.int32), other=0)
     stored = x != 0
     f = stored.to(tl.int32)
-    return x, stored, tl.cumsum(f, axis=0) - f
-
-
-@triton.jit
-def compact_kernel(
-    bits_ptr,
-    tile_offsets_ptr,
-    values_ptr,
-    values_base_ptr,
-    ok_ptr,
-    act_ptr,
-    n,
-    T: tl.constexpr,
-    HAS_OK: tl.constexpr,
-    VEC: tl.constexpr = 1,
-    RELU: tl.constexpr = False,
-    ACT_OUT: tl.constexpr = 0,
-    BITS_DTYPE: tl.constexpr = tl.int16,
-):
-    """Pass 2: the stored values of one tile at ``values_base + tile_offsets[tile]`` (see :func:`tile_values`
-    for ``HAS_OK``, ``RELU`` and ``ACT_OUT``).
-
-    Oracle: ``SparseCodec.encode``'s ``values`` (``masked_select``). The rank of a stored element inside its
-    tile is the exclusive ``tl.cumsum`` of the flags; each value goes to ``values[base + rank]``. ``VEC``
-    (elements in 16 bytes) tells the layout pass that the store's offsets come in aligned runs of ``VEC``,
-    which they do not: it is there so that each thread keeps ``VEC`` neighbouring elements (one 16-byte load,
-    a scan inside the thread) instead of one element per thread and a warp scan for each. The store stays
-    correct because its mask differs from element to element, so it is never vectorized and each element is
-    written through its own address (checked on the compiled code by the sm_90 compile test). Measured on an
-    H200 (256M bf16 elements, tiles of 4096, count + scan + this pass): 0.52 ms instead of 0.78 at density
-    0.5, 0.41 instead of 0.77 at density 0.2.
-    """
-    tile = tl.program_id(0)
-    x, stored, rank = tile_values(bits_ptr, ok_ptr, act_ptr, n, tile, T, HAS_OK, RELU, ACT_OUT, BITS_DTYPE)
-    off = tl.load(values_base_ptr) + tl.load(tile_offsets_ptr + tile).to(tl.int64) + rank
+    rank = tl.cumsum(f, axis=0) - f
+    if SLOT:
+        base = tl.load(values_base_ptr) + start
+    else:
+        base = tl.load(values_base_ptr) + tl.load(tile_offsets_ptr + tile).to(tl.int64)
+    off = base + rank
     if VEC > 1:
         off = tl.max_contiguous(tl.multiple_of(off, VEC), VEC)
     tl.store(values_ptr + off, x, mask=stored)
@@ -433,6 +432,7 @@ def compact(
     act: torch.Tensor | None = None,
     square: bool = False,
     scratch: torch.Tensor | None = None,
+    scratch_slots: bool = True,
 ) -> None:
     """Pass 2 (:func:`compact_kernel`): write the stored values into ``values``. No host synchronization.
 
@@ -442,10 +442,10 @@ def compact(
     ``relu=True`` (``bits`` a float tensor, as :func:`count` was given): store ``relu(bits)``, and write
     ``relu(bits)`` (or its square, ``square=True``) into ``act`` if given.
 
-    With ``sign_pack`` each tile's values go whole into its slot of ``scratch`` (the bit-view dtype, one
-    element per input element; the input itself will do when nothing reads it afterwards; ``None``:
-    allocated for the call), and the same program packs them
-    (:func:`actzip.kernels.sparse_signpack_triton.compact_pack_kernel`).
+    With ``sign_pack`` the values are compacted whole into ``scratch`` (the bit-view dtype), then packed
+    (:mod:`actzip.kernels.sparse_signpack_triton`): with ``scratch_slots`` it needs one element per input
+    element (the input itself will do when nothing reads it afterwards; ``None``: allocated), else
+    ``counts.nnz`` elements.
     """
     check_tile_size(tile_size)
     src = _relu_source(bits, n) if relu else None
@@ -460,23 +460,26 @@ def compact(
     dev = bits.device
     # An int32 flag: bool pointers are not loadable everywhere (Triton's interpreter refuses them as masks).
     okp = ok.to(torch.int32) if ok is not None else counts.tile_offsets  # unused without HAS_OK
-    consts = dict(T=tile_size, HAS_OK=ok is not None, VEC=16 // bits.element_size(), RELU=relu,
-                  ACT_OUT=0 if act is None else 2 if square else 1, BITS_DTYPE=_TL_DTYPE[bits.dtype],
-                  num_warps=_num_warps(tile_size))
-    src, act_arg = src if relu else bits, act if act is not None else bits
-    if not sign_pack:
-        compact_kernel[(n_tiles,)](src, counts.tile_offsets, values, _base(values_offset, dev), okp, act_arg, n,
-                                   **consts)
-        return
-    from actzip.kernels.sparse_signpack_triton import compact_pack_kernel, lanes
+    if sign_pack:
+        if scratch is None:
+            scratch = torch.empty(n_tiles * tile_size if scratch_slots else 0, dtype=bits.dtype, device=dev)
+        if scratch.dtype != bits.dtype or scratch.device != dev:
+            raise ConfigError(f"scratch must be a {bits.dtype} tensor on {dev}, got {scratch.dtype} on {scratch.device}")
+        value_offsets = None if scratch_slots else torch.cumsum(counts.nvals, 0, dtype=torch.int64) - counts.nvals
+        target, offsets, base = scratch, value_offsets if value_offsets is not None else counts.tile_offsets, None
+    else:
+        target, offsets, base = values, counts.tile_offsets, values_offset
+    compact_kernel[(n_tiles,)](
+        src if relu else bits, offsets, target, _base(base, dev), okp, act if act is not None else bits, n,
+        T=tile_size, HAS_OK=ok is not None, VEC=16 // bits.element_size(), SLOT=sign_pack and scratch_slots,
+        RELU=relu, ACT_OUT=0 if act is None else 2 if square else 1, BITS_DTYPE=_TL_DTYPE[bits.dtype],
+        num_warps=_num_warps(tile_size),
+    )  # fmt: skip
+    if sign_pack:
+        from actzip.kernels.sparse_signpack_triton import pack
 
-    if scratch is None:
-        scratch = torch.empty(n_tiles * tile_size, dtype=bits.dtype, device=dev)
-    if scratch.dtype != bits.dtype or scratch.device != dev or scratch.numel() < n:
-        raise ConfigError(f"scratch must be a {bits.dtype} tensor on {dev} of at least {n} elements, got "
-                          f"{scratch.dtype} on {scratch.device}, {scratch.numel()} elements")
-    compact_pack_kernel[(n_tiles,)](src, counts.tile_offsets, scratch, values, _base(values_offset, dev), okp,
-                                    act_arg, n, WIDTH=width, LANES=lanes(tile_size, width), **consts)
+        pack(scratch, counts.nvals, counts.tile_offsets, values, width, tile_size, value_offsets=value_offsets,
+             words_base=_base(values_offset, dev), ok=okp if ok is not None else None)
 
 
 def compress(
@@ -495,13 +498,20 @@ def compress(
     on the device saying where this payload starts in it, to encode with no synchronization at all; the
     returned ``total`` (on the device) says how many elements were used. The sign bit is dropped with
     ``sign_pack`` whether set or not: ``sign_set`` counts the elements that had it. Sign packing needs scratch
-    room as large as the input for the duration of the call.
+    room for the values before packing: as many elements as stored values when the sizes are read, else as
+    many as the input has, for the duration of the call.
     """
     c = count(bits, n, tile_size, sign_pack)
+    bits_dtype = _check_bits(bits, n).dtype
+    scratch = None
     if values is None:
-        dtype = torch.int32 if sign_pack else _check_bits(bits, n).dtype
-        values = torch.empty(int(c.total.item()), dtype=dtype, device=bits.device)
-    compact(bits, n, c, values, tile_size, sign_pack, values_offset)
+        if sign_pack:
+            total, nnz = torch.cat([c.total, c.nnz]).tolist()  # the one host synchronization
+            scratch = torch.empty(nnz, dtype=bits_dtype, device=bits.device)
+        else:
+            total = int(c.total.item())
+        values = torch.empty(total, dtype=torch.int32 if sign_pack else bits_dtype, device=bits.device)
+    compact(bits, n, c, values, tile_size, sign_pack, values_offset, scratch=scratch, scratch_slots=scratch is None)
     return Compressed(c.mask, c.tile_offsets, values, c.total, c.nnz, c.sign_set)
 
 
