@@ -110,6 +110,38 @@ def test_extra_rank_makes_grad_a_exact_when_x_has_rank_up_to_r_plus_k():
     assert errors[0] > 0.1 and errors[6] < 1e-8
 
 
+@pytest.mark.parametrize("extra", [0, 3])
+def test_grouped_fits_make_grad_a_exact_when_each_group_has_its_own_low_rank_space(extra):
+    # Rows 0-99, 100-199 and 200-249 lie in three different R-dimensional spaces: one fit over all rows cannot
+    # reconstruct them from Z, one fit per 100 rows can (the last group is short; a fourth space would not fit).
+    torch.manual_seed(3)
+    base, a, b, _ = make(torch.float64)
+    parts = [torch.randn(n, R, dtype=torch.float64) @ torch.randn(R, D_IN, dtype=torch.float64)
+             for n in (100, 100, 50)]
+    x0 = torch.cat(parts)
+    g = torch.randn(250, D_OUT, dtype=torch.float64)
+    ref = grads(lambda x: plain_lora(x, base, a, b, None, 1.0, 0.0), x0, g, [a, b])
+    errors = {}
+    for group in (0, 100):
+        cfg = LoRACompression(lam=1e-12, fit_group_rows=group, extra_rank=extra)
+        got = grads(lambda x, cfg=cfg: lora_linear(x, base.weight, base.bias, a, b, scale=1.0, config=cfg), x0, g,
+                    [a, b])
+        assert torch.equal(got[1], ref[1]) and torch.equal(got[3], ref[3])  # grad_x, grad_b unchanged
+        errors[group] = float((got[2] - ref[2]).norm() / ref[2].norm())
+    assert errors[0] > 0.1 and errors[100] < 1e-8
+
+
+def test_one_group_of_all_rows_is_the_single_fit():
+    torch.manual_seed(4)
+    base, a, b, _ = make()
+    x0, g = torch.randn(96, D_IN), torch.randn(96, D_OUT)
+    runs = [grads(lambda x, c=c: lora_linear(x, base.weight, base.bias, a, b, scale=1.0,
+                                             config=LoRACompression(fit_group_rows=c)), x0, g, [a])[2]
+            for c in (0, 96, 128)]
+    torch.testing.assert_close(runs[1], runs[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(runs[2], runs[0], rtol=1e-5, atol=1e-6)  # one short group, zero-padded
+
+
 def test_care_grad_a_is_the_gradient_on_the_reconstruction():
     torch.manual_seed(2)
     base, a, b, _ = make()
@@ -300,7 +332,9 @@ def test_standalone_module():
 @pytest.mark.parametrize("kw,match", [({"method": "qlora"}, "qlora"), ({"lam": 0}, "lam"),
                                       ({"lam": float("inf")}, "lam"), ({"fit_chunk_rows": 0}, "fit_chunk_rows"),
                                       ({"extra_rank": -1}, "extra_rank"), ({"method": "fa", "extra_rank": 2}, "'fa'"),
-                                      ({"dropout_mask": "keep"}, "dropout_mask")])
+                                      ({"dropout_mask": "keep"}, "dropout_mask"),
+                                      ({"fit_group_rows": -1}, "fit_group_rows"),
+                                      ({"method": "lora", "fit_group_rows": 8}, "'lora'")])
 def test_config_errors_name_the_option(kw, match):
     with pytest.raises(ConfigError, match=match):
         LoRACompression(**kw)

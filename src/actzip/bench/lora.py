@@ -9,7 +9,8 @@ per step). Methods:
 - ``lora``: peft as it comes; ``lora+checkpoint``: the same with transformers' gradient checkpointing;
 - ``fa``: ``actzip.lora.apply(model, "fa")`` (LoRA-FA: lora_A frozen, Z kept);
 - ``care``: ``actzip.lora.apply(model, "care")`` (Z and the fitted M kept);
-- ``care+K``: the same with ``extra_rank=K`` (also a K-column sketch of X kept, for a more exact grad_A).
+- ``care+K``: the same with ``extra_rank=K`` (also a K-column sketch of X kept, for a more exact grad_A);
+  ``care@G`` (or ``care+K@G``): with ``fit_group_rows=G`` (one M per G consecutive tokens).
 
 Steps of all methods are interleaved (rotating order, :func:`actzip.bench.harness.run_interleaved`), so step
 times are comparable; on CUDA each step's peak has the memory the other methods hold between steps (their
@@ -36,13 +37,14 @@ from actzip.core.errors import ConfigError
 from actzip.data.tasks import SnippetClassification, SnippetTaskConfig
 from actzip.memory.lora import DROPOUT_MASKS
 
-METHODS = ("lora", "lora+checkpoint", "fa", "care")  # and "care+K" (K an int: extra_rank)
+METHODS = ("lora", "lora+checkpoint", "fa", "care")  # and "care+K", "care@G", "care+K@G" (extra_rank, fit_group_rows)
 
 
-def _extra_rank(method: str) -> int | None:
-    """K for "care+K", 0 for "care", None for the other methods."""
-    m = re.fullmatch(r"care(?:\+(\d+))?", method)
-    return None if m is None else int(m.group(1) or 0)
+def _care_options(method: str) -> dict | None:
+    """CARE's options for "care", "care+K", "care@G" or "care+K@G" (K: extra_rank, G: fit_group_rows); None for
+    the other methods."""
+    m = re.fullmatch(r"care(?:\+(\d+))?(?:@([1-9]\d*))?", method)
+    return None if m is None else {"extra_rank": int(m.group(1) or 0), "fit_group_rows": int(m.group(2) or 0)}
 
 
 @dataclass
@@ -88,9 +90,10 @@ class LoRABenchConfig:
     threads: int = 0  # CPU threads for torch (0: its default); tiny matmuls gain nothing from more, and lose on a busy CPU
 
     def __post_init__(self) -> None:
-        bad = [m for m in self.methods if m not in METHODS and _extra_rank(m) is None]
+        bad = [m for m in self.methods if m not in METHODS and _care_options(m) is None]
         if bad:
-            raise ConfigError(f"lora bench: unknown methods {bad}; choose from {list(METHODS)} or care+K (K an int)")
+            raise ConfigError(f"lora bench: unknown methods {bad}; choose from {list(METHODS)} or care+K, care@G, "
+                              "care+K@G (K, G ints)")
         if "lora" not in self.methods:
             raise ConfigError("lora bench: methods must include 'lora' (every ratio is relative to it)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -195,8 +198,8 @@ def _peft(cfg: LoRABenchConfig, pretrained, method: str):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     elif method == "fa":
         report = actzip.lora.apply(peft_model, method, lam=cfg.lam, dropout_mask=cfg.dropout_mask)
-    elif _extra_rank(method) is not None:
-        report = actzip.lora.apply(peft_model, "care", lam=cfg.lam, extra_rank=_extra_rank(method),
+    elif _care_options(method) is not None:
+        report = actzip.lora.apply(peft_model, "care", lam=cfg.lam, **_care_options(method),
                                    dropout_mask=cfg.dropout_mask)
     peft_model.train()
     return peft_model, report
@@ -247,7 +250,7 @@ def evaluate(model, task: SnippetClassification, cfg: LoRABenchConfig, device) -
 
 
 def grad_a_error(model, batch: dict, seed: int, lam: float = 1e-6, extra_rank: int = 0,
-                 dropout_mask: str = "bitmask") -> dict:
+                 dropout_mask: str = "bitmask", fit_group_rows: int = 0) -> dict:
     """Relative error ``|G - G_exact| / |G_exact|`` of every lora_A gradient of a CARE model, against exact
     LoRA on the same weights, batch and dropout masks; also whether every lora_B gradient was bit-identical."""
     import actzip.lora
@@ -272,7 +275,8 @@ def grad_a_error(model, batch: dict, seed: int, lam: float = 1e-6, extra_rank: i
         exact = grads()
     finally:
         torch.use_deterministic_algorithms(was)
-        actzip.lora.apply(model, "care", lam=lam, extra_rank=extra_rank, dropout_mask=dropout_mask)
+        actzip.lora.apply(model, "care", lam=lam, extra_rank=extra_rank, fit_group_rows=fit_group_rows,
+                          dropout_mask=dropout_mask)
     model.zero_grad(set_to_none=True)
     rel = {n: float((approx[n] - g).norm() / g.norm()) for n, g in exact.items() if "lora_A" in n and g.norm() > 0}
     num = math.sqrt(sum(float((approx[n] - exact[n]).norm()) ** 2 for n in rel))
@@ -353,9 +357,9 @@ def _run_lora(cfg: LoRABenchConfig, device: torch.device, progress=None) -> dict
             run["test_accuracy_seeds"] = accs
             run["test_accuracy_mean"] = statistics.fmean(accs)
             run["test_accuracy_std"] = statistics.stdev(accs)
-        if _extra_rank(method) is not None:
-            run["grad_a_rel_error"] = grad_a_error(s["model"], errors_batch, cfg.seed + 5, cfg.lam, _extra_rank(method),
-                                                   cfg.dropout_mask)
+        if (care := _care_options(method)) is not None:
+            run["grad_a_rel_error"] = grad_a_error(s["model"], errors_batch, cfg.seed + 5, cfg.lam,
+                                                   care["extra_rank"], cfg.dropout_mask, care["fit_group_rows"])
         runs.append(run)
     ref = next(r for r in runs if r["method"] == "lora")
     for r in runs:

@@ -54,6 +54,9 @@ class LoRACompression:
     lam: float = 1e-6  # ridge of the M fit, relative to the mean eigenvalue trace(ZᵀZ)/r (> 0: robust when singular)
     fit_chunk_rows: int = 4096  # rows of X cast to float32 at a time while fitting M (bounds the temporary)
     extra_rank: int = 0  # "care": also keep S = X·Ω (k Gaussian columns, X's dtype) and fit M on [Z, S]
+    # "care": 0 fits one M to all rows of a call; g > 0 fits one M to every g consecutive rows (tokens), which
+    # reconstructs X from r dimensions per g rows instead of r in all, for r·d float32 numbers per g rows
+    fit_group_rows: int = 0
     # dropout mask kept as "bitmask" (1 bit per element), "bool" (1 byte, no packing passes) or not at all:
     # "regenerate" keeps the RNG state and draws the mask again in backward
     dropout_mask: str = "bitmask"
@@ -70,6 +73,11 @@ class LoRACompression:
             raise ConfigError(f"LoRA option extra_rank must be an int >= 0, got {self.extra_rank!r}")
         if self.extra_rank and self.method != "care":
             raise ConfigError(f"LoRA option extra_rank applies to method 'care' only, not {self.method!r}")
+        g = self.fit_group_rows
+        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+            raise ConfigError(f"LoRA option fit_group_rows must be an int >= 0 (0: one fit per call), got {g!r}")
+        if g and self.method != "care":
+            raise ConfigError(f"LoRA option fit_group_rows applies to method 'care' only, not {self.method!r}")
         if self.dropout_mask not in DROPOUT_MASKS:
             raise ConfigError(f"LoRA option dropout_mask must be one of {list(DROPOUT_MASKS)}, got "
                               f"{self.dropout_mask!r}")
@@ -121,6 +129,24 @@ def fit_moments(z: torch.Tensor, h: torch.Tensor, rows: torch.Tensor | None = No
     return gram, cross
 
 
+def fit_group_moments(z: torch.Tensor, h: torch.Tensor, group: int, rows: torch.Tensor | None = None,
+                      chunk_rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fit_moments` of every ``group`` consecutive rows: ``[G, r, r]`` and ``[G, r, d]``, ``G =
+    ceil(N / group)`` (the last group may be short). 16-bit ``h`` is cast about ``chunk_rows`` rows at a time."""
+    n, work = z.shape[0], _fit_dtype(z)
+    pad = -n % group
+    zf = F.pad(z.to(work), (0, 0, 0, pad))
+    zw = zf if rows is None else zf * F.pad(rows.to(work), (0, pad))[:, None]
+    zf, zw = zf.view(-1, group, zf.shape[1]), zw.view(-1, group, zf.shape[1])
+    gram = zw.transpose(1, 2).bmm(zf)
+    hp = F.pad(h, (0, 0, 0, pad)).view(-1, group, h.shape[1])
+    cross = torch.empty(hp.shape[0], zf.shape[2], h.shape[1], dtype=work, device=h.device)
+    step = max(1, chunk_rows // group)
+    for i in range(0, hp.shape[0], step):
+        torch.bmm(zw[i:i + step].transpose(1, 2), hp[i:i + step].to(work), out=cross[i:i + step])
+    return gram, cross
+
+
 def solve_ridge(grams: torch.Tensor, crosses: torch.Tensor, lam: float) -> torch.Tensor:
     """``(G + λI)⁻¹·C`` for a batch ``grams`` ``[n, r, r]``, ``crosses`` ``[n, r, d]``; ``λ = lam·trace(G)/r``
     plus the smallest normal float64, so the system is positive definite even for a zero or rank-deficient ``Z``.
@@ -155,21 +181,23 @@ class _PendingFits:
         self.lock = threading.Lock()
 
     def add(self, gram: torch.Tensor, cross: torch.Tensor, lam: float) -> int:
+        """One layer call's systems: ``gram`` ``[G, r, r]``, ``cross`` ``[G, r, d]`` (G fits of its rows)."""
         with self.lock:
             self.items.append((gram, cross, lam))
             return len(self.items) - 1
 
     def solution(self, i: int) -> torch.Tensor:
+        """Item ``i``'s ``M``: ``[G, r, d]``."""
         with self.lock:
             if self.solutions is None:
                 self.solutions = [None] * len(self.items)
                 groups: dict[tuple, list[int]] = {}
                 for j, (g, c, lam) in enumerate(self.items):
-                    groups.setdefault((tuple(c.shape), c.dtype, c.device, lam), []).append(j)
+                    groups.setdefault((tuple(c.shape[1:]), c.dtype, c.device, lam), []).append(j)
                 for (_, _, _, lam), idx in groups.items():
-                    ms = solve_ridge(torch.stack([self.items[j][0] for j in idx]),
-                                     torch.stack([self.items[j][1] for j in idx]), lam)
-                    for j, m in zip(idx, ms.unbind(0)):
+                    ms = solve_ridge(torch.cat([self.items[j][0] for j in idx]),
+                                     torch.cat([self.items[j][1] for j in idx]), lam)
+                    for j, m in zip(idx, ms.split([self.items[j][0].shape[0] for j in idx])):
                         self.solutions[j] = m
                 self.items = []  # the moments are no longer needed here (each layer's backward still holds its own)
             return self.solutions[i]
@@ -330,10 +358,14 @@ class LoRALinearFunction(torch.autograd.Function):
             if cfg.extra_rank:
                 sketch = F.linear(h2, sketch_matrix(h2.shape[1], cfg.extra_rank, h.dtype, h.device))
                 basis = torch.cat([basis.to(_fit_dtype(z)), sketch.to(_fit_dtype(z))], 1)
-            gram, keep = fit_moments(basis, h2, rows, cfg.fit_chunk_rows)
+            if cfg.fit_group_rows:
+                gram, keep = fit_group_moments(basis, h2, cfg.fit_group_rows, rows, cfg.fit_chunk_rows)
+            else:
+                gram, keep = (t[None] for t in fit_moments(basis, h2, rows, cfg.fit_chunk_rows))
             ctx.fits = _pending_fits()
             ctx.fit_index = ctx.fits.add(gram, keep, cfg.lam)
         ctx.method = method if keep is not None else "fa"
+        ctx.group = cfg.fit_group_rows
         # for "care", keep = [Z, S]ᵀX and gram = [Z, S]ᵀ[Z, S] (the solve's inputs, also held by the pending group)
         ctx.save_for_backward(weight, a, b, z, keep, gram, sketch, packed)
         if stats is not None:
@@ -363,13 +395,20 @@ class LoRALinearFunction(torch.autograd.Function):
             if need[4]:
                 if ctx.method == "lora":
                     grad_a = dz.t().mm(keep.reshape(dz.shape[0], -1))
-                else:  # (dZᵀZ)·M: r x r first, never N x d
+                else:  # Σ over fit groups of (dZᵀZ)·M: r x r first, never N x d
                     m = ctx.fits.solution(ctx.fit_index)
-                    dzt = dz.t().to(m.dtype)
-                    k = dzt.mm(z2.to(m.dtype))
+                    basis = z2.to(m.dtype)
                     if sketch is not None:
-                        k = torch.cat([k, dzt.mm(sketch.to(m.dtype))], 1)
-                    grad_a = k.mm(m).to(a.dtype)
+                        basis = torch.cat([basis, sketch.to(m.dtype)], 1)
+                    dzf = dz.to(m.dtype)
+                    if m.shape[0] == 1:
+                        k = dzf.t().mm(basis)
+                    else:
+                        pad = m.shape[0] * ctx.group - dzf.shape[0]
+                        k = torch.bmm(F.pad(dzf, (0, 0, 0, pad)).view(m.shape[0], ctx.group, -1).transpose(1, 2),
+                                      F.pad(basis, (0, 0, 0, pad)).view(m.shape[0], ctx.group, -1))
+                        k = k.transpose(0, 1).reshape(dz.shape[1], -1)  # [r, G·r'], matching M stacked below
+                    grad_a = k.mm(m.reshape(-1, m.shape[-1])).to(a.dtype)
             if need[0]:
                 shape = ctx.like[0]
                 g_h = dz.mm(a).reshape(shape).to(dropped_dtype)
