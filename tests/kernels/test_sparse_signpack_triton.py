@@ -8,6 +8,7 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'actz
 from actzip.codecs.bitpack import pack_tile_words  # noqa: E402
 from actzip.core.errors import ConfigError  # noqa: E402
 from actzip.kernels import sparse_signpack_triton as sp  # noqa: E402
+from actzip.kernels import sparse_triton as st  # noqa: E402
 
 from test_sparse_triton import DEVICES  # noqa: E402
 
@@ -60,3 +61,16 @@ def test_pack_refuses_bad_buffers():
         sp.pack(torch.zeros(64, dtype=torch.int16), counts, counts, torch.zeros(4, dtype=torch.int16), 15, 64)
     with pytest.raises(ConfigError, match="width must be 1..31"):
         sp.pack(torch.zeros(64, dtype=torch.int64), counts, counts, torch.zeros(4, dtype=torch.int32), 63, 64)
+
+
+def test_compact_refuses_scratch_that_cannot_hold_the_values():
+    raw = torch.ones(100, dtype=torch.int16)
+    fake = st.TileCounts(torch.zeros(16, dtype=torch.uint8), torch.ones(2, dtype=torch.int32),
+                         torch.zeros(2, dtype=torch.int32), torch.ones(1, dtype=torch.int64),
+                         torch.ones(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
+                         torch.ones(2, dtype=torch.int32))
+    words = torch.empty(4, dtype=torch.int32)
+    with pytest.raises(ConfigError, match="at least 100 elements"):
+        st.compact(raw, 100, fake, words, 64, True, scratch=raw[:50])
+    with pytest.raises(ConfigError, match="needs a scratch buffer"):
+        st.compact(raw, 100, fake, words, 64, True, scratch_slots=False)

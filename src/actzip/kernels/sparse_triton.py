@@ -462,9 +462,13 @@ def compact(
     okp = ok.to(torch.int32) if ok is not None else counts.tile_offsets  # unused without HAS_OK
     if sign_pack:
         if scratch is None:
-            scratch = torch.empty(n_tiles * tile_size if scratch_slots else 0, dtype=bits.dtype, device=dev)
-        if scratch.dtype != bits.dtype or scratch.device != dev:
-            raise ConfigError(f"scratch must be a {bits.dtype} tensor on {dev}, got {scratch.dtype} on {scratch.device}")
+            if not scratch_slots:
+                raise ConfigError("sign packing with scratch_slots=False needs a scratch buffer of counts.nnz elements")
+            scratch = torch.empty(n_tiles * tile_size, dtype=bits.dtype, device=dev)
+        if scratch.dtype != bits.dtype or scratch.device != dev or (scratch_slots and scratch.numel() < n):
+            raise ConfigError(f"scratch must be a {bits.dtype} tensor on {dev}"
+                              f"{f' of at least {n} elements' if scratch_slots else ''}, got {scratch.dtype} on "
+                              f"{scratch.device}, {scratch.numel()} elements")
         value_offsets = None if scratch_slots else torch.cumsum(counts.nvals, 0, dtype=torch.int64) - counts.nvals
         target, offsets, base = scratch, value_offsets if value_offsets is not None else counts.tile_offsets, None
     else:
