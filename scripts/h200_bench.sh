@@ -2,8 +2,8 @@
 # Every GPU figure in results/: run on the device machine from the repository root, with PYTHONPATH=src.
 # Usage: scripts/h200_bench.sh OUT_DIR [stage...]
 #   stages: tests kernels ffn gpt bits demo quant cache lora wire (default: all; more than 10 minutes in all),
-#   ffn-fp8, lora-seeds (3 fine-tuning runs per method for the accuracy spread; about 5 minutes), and wire-nccl
-#   (2 GPUs)
+#   ffn-fp8, ffn16k (two runs of the ffn sweep), lora-seeds (3 fine-tuning runs per method for the accuracy spread;
+#   about 5 minutes), and wire-nccl (2 GPUs)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -25,7 +25,17 @@ for stage in $stages; do
         az bench ffn --matmul fp8 --density $density --rounds 6 --json "$out/ffn-fp8-parts/$density.json" | tail -12
       done
       python3 -m actzip.bench.memory_suite "$out" ffn-fp8 ;;
-    gpt) az bench gpt --json "$out/gpt.json" ;;
+    gpt)  # every strategy at the default 4096-token loss chunks, then the fused ones at 1024-token chunks
+      az bench gpt --json "$out/gpt.json"
+      az bench gpt --seq-lens 4096,8192 --strategies none,fused-arena,fused-arena-rebuild-ln2,fused-arena-rebuild \
+        --json "$out/gpt-chunk4096.json"
+      az bench gpt --seq-lens 4096,8192 --loss-chunk 1024 \
+        --strategies none,fused-arena,fused-arena-signpack,fused-arena-rebuild,fused-arena-rebuild-ln2 \
+        --json "$out/gpt-chunk1024.json" ;;
+    ffn16k)  # the FFN sweep's 16k-row d=4096 runs only (sign packing's cost), into the same parts
+      for density in mid low; do
+        az bench ffn --d 4096 --rows 16384 --density $density --rounds 6 --json "$out/ffn-parts/d4096-r16384-$density.json" | tail -12
+      done ;;
     bits) az bench bits --json "$out/bits.json" ;;
     demo) az demo --no-progress --json "$out/demo-h200-small.json" ;;
     quant) az bench quant --json "$out/quant.json" ;;
