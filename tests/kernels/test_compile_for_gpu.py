@@ -79,7 +79,7 @@ def check_two_pass_and_decode_kernels_compile(sign_pack):
             compile_for_hopper(sp.pack_kernel, {"scratch_ptr": "*i16", "value_offsets_ptr": "*i64",
                                                 "nvals_ptr": "*i32", "tile_offsets_ptr": "*i32", "words_ptr": "*i32",
                                                 "words_base_ptr": "*i64", "ok_ptr": "*i32"},
-                               dict(T=4096, WIDTH=width, LANES=2048, SLOT=slot, HAS_OK=True))
+                               dict(T=4096, WIDTH=width, LANES=512, SLOT=slot, HAS_OK=True))
 
 
 def check_compact_stores_stay_scalar():

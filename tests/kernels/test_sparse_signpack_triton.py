@@ -29,7 +29,7 @@ def tiles_of_values(width, dtype, tile, seed):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("width,dtype", WIDTHS)
-@pytest.mark.parametrize("tile", [64, 256])
+@pytest.mark.parametrize("tile", [64, 256, 4096])  # 4096: several rounds of 512 words in a full tile
 @pytest.mark.parametrize("slot", [False, True])
 def test_pack_matches_the_torch_packing(device, width, dtype, tile, slot):
     counts, values = tiles_of_values(width, dtype, tile, seed=width + tile)

@@ -9,9 +9,10 @@ makes every output word from the few values it covers: word ``j`` of a tile hold
 ``[32j, 32j + 32)``, i.e. parts of values ``32j // WIDTH`` to ``(32j + 31) // WIDTH``; it reads them (cached:
 neighbouring words read neighbouring values) and writes the word once, so stores are contiguous and no word
 has two writers. Measured on an H200 (256M bf16 elements, density 0.5, count + scan + compact + this pass):
-1.30 ms with a first version of this pass that shifted each value into place (1363 PTX instructions a thread
-for W = 15, against 903 for the 64-bit window it now uses; the window version has not been timed on a GPU
-yet). Packing inside the compaction's own program instead (values into the tile's scratch slot, a CTA
+1.30 ms with a first version of this pass that shifted each value into place and ran every tile over as many
+lanes as a full tile has words (1363 PTX instructions a thread for W = 15). It now builds each word from a
+64-bit window (903 for the same lanes) and makes only the words the tile has, 512 at a time (a tile at
+density 0.5 needs half the lanes, at 0.2 a quarter); this version has not been timed on a GPU yet. Packing inside the compaction's own program instead (values into the tile's scratch slot, a CTA
 barrier, then the words) measured 1.60 ms, so the passes stay apart.
 
 The scratch holds a tile's values either at the tile's exclusive prefix of value counts (``value_offsets``:
@@ -48,10 +49,10 @@ def pack_kernel(
 ):
     """One tile: its ``nvals[tile]`` values (scratch, from ``value_offsets[tile]`` or with ``SLOT`` from
     ``tile * T``; sign bits ignored) packed into ``ceil(nvals * WIDTH / 32)`` words at
-    ``words_base + tile_offsets[tile]``. ``LANES``: a power of two >= ``ceil(T * WIDTH / 32)``, the most words
-    a tile can have. With ``HAS_OK`` nothing is written unless ``*ok_ptr`` is true."""
+    ``words_base + tile_offsets[tile]``. ``LANES``: words made at a time (a power of two); a tile makes only
+    the words it has, so a sparse tile costs less. With ``HAS_OK`` nothing is written unless ``*ok_ptr`` is
+    true."""
     tile = tl.program_id(0)
-    j = tl.arange(0, LANES)  # word index in the tile
     count = tl.load(nvals_ptr + tile)
     if HAS_OK:
         count = tl.where(tl.load(ok_ptr) != 0, count, 0)
@@ -59,23 +60,26 @@ def pack_kernel(
         src = scratch_ptr + tile.to(tl.int64) * T
     else:
         src = scratch_ptr + tl.load(value_offsets_ptr + tile)
-    live = j < (count * WIDTH + 31) // 32
-    # Word j starts `skip` bits into value `first`; the SPAN values from there hold its 32 bits. Laid side by
-    # side in a 64-bit window (constant shifts), one variable shift takes the word out: about a third of the
-    # instructions of shifting each value into place (sm_90 PTX, W = 15).
-    first = (32 * j) // WIDTH
-    skip = (32 * j - first * WIDTH).to(tl.uint64)
+    dst = words_ptr + tl.load(words_base_ptr) + tl.load(tile_offsets_ptr + tile).to(tl.int64)
+    n_words = (count * WIDTH + 31) // 32
     SPAN: tl.constexpr = (WIDTH + 30) // WIDTH + 1  # ceil((WIDTH - 1 + 32) / WIDTH)
     tl.static_assert(SPAN * WIDTH <= 64, "the window of one word must fit in 64 bits")
-    window = tl.zeros([LANES], dtype=tl.uint64)
-    for k in tl.static_range(SPAN):
-        r = first + k
-        v = tl.load(src + r, mask=live & (r < count), other=0)
-        v = (v.to(tl.int32) & ((1 << WIDTH) - 1)).to(tl.uint32, bitcast=True).to(tl.uint64)
-        window |= v << (k * WIDTH)
-    word = ((window >> skip) & 0xFFFFFFFF).to(tl.uint32)
-    base = tl.load(words_base_ptr) + tl.load(tile_offsets_ptr + tile).to(tl.int64)
-    tl.store(words_ptr + base + j, word.to(tl.int32, bitcast=True), mask=live)
+    for start in range(0, n_words, LANES):
+        j = start + tl.arange(0, LANES)  # word index in the tile
+        live = j < n_words
+        # Word j starts `skip` bits into value `first`; the SPAN values from there hold its 32 bits. Laid side
+        # by side in a 64-bit window (constant shifts), one variable shift takes the word out: about a third of
+        # the instructions of shifting each value into place (sm_90 PTX, W = 15).
+        first = (32 * j) // WIDTH
+        skip = (32 * j - first * WIDTH).to(tl.uint64)
+        window = tl.zeros([LANES], dtype=tl.uint64)
+        for k in tl.static_range(SPAN):
+            r = first + k
+            v = tl.load(src + r, mask=live & (r < count), other=0)
+            v = (v.to(tl.int32) & ((1 << WIDTH) - 1)).to(tl.uint32, bitcast=True).to(tl.uint64)
+            window |= v << (k * WIDTH)
+        word = ((window >> skip) & 0xFFFFFFFF).to(tl.uint32)
+        tl.store(dst + j, word.to(tl.int32, bitcast=True), mask=live)
 
 
 def pack(
@@ -105,10 +109,11 @@ def pack(
         return
     dev = words.device
     base = words_base if words_base is not None else torch.zeros(1, dtype=torch.int64, device=dev)
-    lanes = triton.next_power_of_2(-(-tile_size * width // 32))
+    # 512 words at a time (4 a thread), fewer for a tile that cannot have as many
+    lanes = min(512, triton.next_power_of_2(-(-tile_size * width // 32)))
     pack_kernel[(n_tiles,)](
         scratch, value_offsets if value_offsets is not None else nvals, nvals, tile_offsets, words, base,
         ok if ok is not None else nvals,
         T=tile_size, WIDTH=width, LANES=lanes, SLOT=value_offsets is None, HAS_OK=ok is not None,
-        num_warps=_num_warps(lanes),
+        num_warps=_num_warps(tile_size),
     )  # fmt: skip
