@@ -265,7 +265,9 @@ class SparseReLUMLP(nn.Module):
 
     ``up`` and ``down`` are any modules (``nn.Linear``, HF ``Conv1D``, ...); they are registered under the
     given names so the state dict keys stay those of the module replaced. ``dropout``, if given, is applied
-    after ``down`` as in GPT-2.
+    after ``down`` as in GPT-2. With an arena and a sign-packing codec, the buffer of ``up``'s output serves as
+    the packing's scratch once relu(up(x)) is encoded (its version counter is bumped): a forward hook on ``up``
+    that keeps its output would see it overwritten.
     """
 
     def __init__(
