@@ -49,7 +49,7 @@ from actzip.kernels.sparse_triton import (
     _num_warps,
     _width,
     check_tile_size,
-    relu_bits,
+    load_relu,
 )
 
 AGGREGATE = tl.constexpr(1 << 61)
@@ -173,13 +173,7 @@ def encode_kernel(
     local = rows[:, None] * ROW + cols[None, :]
     inb = local < tl.minimum(n - tile * T, T).to(tl.int32)
     if RELU:
-        h = tl.load(src_ptr + tile * T + local, mask=inb, other=0.0)
-        x, h32, keep = relu_bits(h, BITS_DTYPE)
-        if ACT_OUT == 1:
-            tl.store(act_ptr + tile * T + local, x.to(h.dtype, bitcast=True), mask=inb)
-        if ACT_OUT == 2:
-            r32 = tl.where(keep, h32, 0.0)
-            tl.store(act_ptr + tile * T + local, (r32 * r32).to(h.dtype), mask=inb)
+        x = load_relu(src_ptr + tile * T, act_ptr + tile * T, local, inb, ACT_OUT, BITS_DTYPE)
     else:
         x = tl.load(src_ptr + tile * T + local, mask=inb, other=0)
     f = (x != 0).to(tl.int32)

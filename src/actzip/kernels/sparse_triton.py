@@ -68,6 +68,20 @@ def relu_bits(h, BITS_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def load_relu(src_ptr, act_ptr, offs, inb, ACT_OUT: tl.constexpr, BITS_DTYPE: tl.constexpr):
+    """The bits of ``relu(h)`` for ``h`` at ``src_ptr + offs`` (``inb``: which exist); ``ACT_OUT`` 1 or 2 also
+    writes ``relu(h)`` or ``relu(h)²`` (float32 product, rounded once) to ``act_ptr + offs``."""
+    h = tl.load(src_ptr + offs, mask=inb, other=0.0)
+    x, h32, keep = relu_bits(h, BITS_DTYPE)
+    if ACT_OUT == 1:
+        tl.store(act_ptr + offs, x.to(h.dtype, bitcast=True), mask=inb)
+    if ACT_OUT == 2:
+        r32 = tl.where(keep, h32, 0.0)
+        tl.store(act_ptr + offs, (r32 * r32).to(h.dtype), mask=inb)
+    return x
+
+
+@triton.jit
 def count_kernel(
     bits_ptr,
     mask_ptr,
@@ -98,7 +112,7 @@ def count_kernel(
     start = tile.to(tl.int64) * T
     inb = local < tl.minimum(n - start, T).to(tl.int32)
     if RELU:
-        x, _, _ = relu_bits(tl.load(bits_ptr + start + local, mask=inb, other=0.0), BITS_DTYPE)
+        x = load_relu(bits_ptr + start, bits_ptr, local, inb, 0, BITS_DTYPE)
     else:
         x = tl.load(bits_ptr + start + local, mask=inb, other=0)
     f = (x != 0).to(tl.int32)
@@ -154,14 +168,8 @@ def compact_kernel(
     idx = tl.arange(0, T)
     start = tile.to(tl.int64) * T
     if RELU:
-        inb = idx < tl.minimum(n - start, T).to(tl.int32)
-        h = tl.load(bits_ptr + start + idx, mask=inb, other=0.0)
-        x, h32, keep = relu_bits(h, BITS_DTYPE)
-        if ACT_OUT == 1:
-            tl.store(act_ptr + start + idx, x.to(h.dtype, bitcast=True), mask=inb)
-        if ACT_OUT == 2:
-            r32 = tl.where(keep, h32, 0.0)
-            tl.store(act_ptr + start + idx, (r32 * r32).to(h.dtype), mask=inb)
+        x = load_relu(bits_ptr + start, act_ptr + start, idx, idx < tl.minimum(n - start, T).to(tl.int32), ACT_OUT,
+                      BITS_DTYPE)
         if HAS_OK:  # refused: nothing is stored
             x = tl.where(tl.load(ok_ptr) != 0, x, tl.zeros_like(x))
     else:
