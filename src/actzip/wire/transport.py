@@ -35,6 +35,7 @@ errors in :mod:`actzip.wire.errors`; both are importable from here too.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import struct
@@ -276,7 +277,12 @@ class Transport:
             raise WireDesyncError(f"rank {self.rank} expected a hello from rank {peer}, got a "
                                   f"{_KINDS.get(hdr['kind'], '?')} message")
         if hdr["config"] != mine_h:
-            raise WireConfigMismatchError(self._mismatch(peer, json.loads(mine_raw), json.loads(bytes(body.cpu()))))
+            error = WireConfigMismatchError(self._mismatch(peer, json.loads(mine_raw), json.loads(bytes(body.cpu()))))
+            # The peer raises the same error only once it has this end's hello: let the send finish before this
+            # end stops (else the peer may see a vanished process instead of the mismatch).
+            with contextlib.suppress(WirePeerError, WireTimeoutError):
+                self.flush()
+            raise error
         self._agreed[peer] = mine_h
 
     def _mismatch(self, peer: int, mine: dict, theirs: dict) -> str:
