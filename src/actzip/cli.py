@@ -447,8 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     bb.set_defaults(func=_bench_bits)
     lb = bsub.add_parser("lora", help="LoRA fine-tuning of a Llama-style model: LoRA, checkpointing, LoRA-FA, CARE-LoRA")
     lb.add_argument("--config", default="quick", help="quick (CPU, ~1-2 min, default) or h200")
-    lb.add_argument("--methods", help="comma-separated, from lora,lora+checkpoint,fa,care,care+K,care@G,care+K@G (K: extra_rank, "
-                    "G: fit_group_rows)")
+    lb.add_argument("--methods", help="comma-separated, from lora,lora+checkpoint,fa,care,care+K,care+KpQ,care@G,care+KpQ@G (K: "
+                    "extra_rank, Q: power_iters, G: fit_group_rows)")
     lb.add_argument("--steps", type=int, help="fine-tuning steps per method")
     lb.add_argument("--seeds", type=int, help="fine-tuning runs per method (the first timed; the others add test accuracies)")
     lb.add_argument("--pretrain-steps", type=int, dest="pretrain_steps")

@@ -10,6 +10,7 @@ per step). Methods:
 - ``fa``: ``actzip.lora.apply(model, "fa")`` (LoRA-FA: lora_A frozen, Z kept);
 - ``care``: ``actzip.lora.apply(model, "care")`` (Z and the fitted M kept);
 - ``care+K``: the same with ``extra_rank=K`` (also a K-column sketch of X kept, for a more exact grad_A);
+  ``care+KpQ``: with ``power_iters=Q`` (the sketch turned toward X's top singular directions);
   ``care@G`` (or ``care+K@G``): with ``fit_group_rows=G`` (one M per G consecutive tokens).
 
 Steps of all methods are interleaved (rotating order, :func:`actzip.bench.harness.run_interleaved`), so step
@@ -37,14 +38,17 @@ from actzip.core.errors import ConfigError
 from actzip.data.tasks import SnippetClassification, SnippetTaskConfig
 from actzip.memory.lora import DROPOUT_MASKS
 
-METHODS = ("lora", "lora+checkpoint", "fa", "care")  # and "care+K", "care@G", "care+K@G" (extra_rank, fit_group_rows)
+METHODS = ("lora", "lora+checkpoint", "fa", "care")  # and "care+K[pQ][@G]" (extra_rank, power_iters, fit_group_rows)
 
 
 def _care_options(method: str) -> dict | None:
-    """CARE's options for "care", "care+K", "care@G" or "care+K@G" (K: extra_rank, G: fit_group_rows); None for
-    the other methods."""
-    m = re.fullmatch(r"care(?:\+(\d+))?(?:@([1-9]\d*))?", method)
-    return None if m is None else {"extra_rank": int(m.group(1) or 0), "fit_group_rows": int(m.group(2) or 0)}
+    """CARE's options for "care", "care+K", "care+KpQ", "care@G", "care+K@G", ... (K: extra_rank, Q: power_iters,
+    G: fit_group_rows); None for the other methods."""
+    m = re.fullmatch(r"care(?:\+(\d+)(?:p(\d+))?)?(?:@([1-9]\d*))?", method)
+    if m is None:
+        return None
+    return {"extra_rank": int(m.group(1) or 0), "power_iters": int(m.group(2) or 0),
+            "fit_group_rows": int(m.group(3) or 0)}
 
 
 @dataclass
@@ -92,8 +96,8 @@ class LoRABenchConfig:
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS and _care_options(m) is None]
         if bad:
-            raise ConfigError(f"lora bench: unknown methods {bad}; choose from {list(METHODS)} or care+K, care@G, "
-                              "care+K@G (K, G ints)")
+            raise ConfigError(f"lora bench: unknown methods {bad}; choose from {list(METHODS)} or care+K, care+KpQ, "
+                              "care@G, care+KpQ@G (K, Q, G ints)")
         if "lora" not in self.methods:
             raise ConfigError("lora bench: methods must include 'lora' (every ratio is relative to it)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -250,7 +254,7 @@ def evaluate(model, task: SnippetClassification, cfg: LoRABenchConfig, device) -
 
 
 def grad_a_error(model, batch: dict, seed: int, lam: float = 1e-6, extra_rank: int = 0,
-                 dropout_mask: str = "bitmask", fit_group_rows: int = 0) -> dict:
+                 dropout_mask: str = "bitmask", fit_group_rows: int = 0, power_iters: int = 0) -> dict:
     """Relative error ``|G - G_exact| / |G_exact|`` of every lora_A gradient of a CARE model, against exact
     LoRA on the same weights, batch and dropout masks; also whether every lora_B gradient was bit-identical."""
     import actzip.lora
@@ -275,8 +279,8 @@ def grad_a_error(model, batch: dict, seed: int, lam: float = 1e-6, extra_rank: i
         exact = grads()
     finally:
         torch.use_deterministic_algorithms(was)
-        actzip.lora.apply(model, "care", lam=lam, extra_rank=extra_rank, fit_group_rows=fit_group_rows,
-                          dropout_mask=dropout_mask)
+        actzip.lora.apply(model, "care", lam=lam, extra_rank=extra_rank, power_iters=power_iters,
+                          fit_group_rows=fit_group_rows, dropout_mask=dropout_mask)
     model.zero_grad(set_to_none=True)
     rel = {n: float((approx[n] - g).norm() / g.norm()) for n, g in exact.items() if "lora_A" in n and g.norm() > 0}
     num = math.sqrt(sum(float((approx[n] - exact[n]).norm()) ** 2 for n in rel))
@@ -359,7 +363,8 @@ def _run_lora(cfg: LoRABenchConfig, device: torch.device, progress=None) -> dict
             run["test_accuracy_std"] = statistics.stdev(accs)
         if (care := _care_options(method)) is not None:
             run["grad_a_rel_error"] = grad_a_error(s["model"], errors_batch, cfg.seed + 5, cfg.lam,
-                                                   care["extra_rank"], cfg.dropout_mask, care["fit_group_rows"])
+                                                   care["extra_rank"], cfg.dropout_mask, care["fit_group_rows"],
+                                                   care["power_iters"])
         runs.append(run)
     ref = next(r for r in runs if r["method"] == "lora")
     for r in runs:

@@ -12,7 +12,8 @@ autograd function, so that autograd keeps, besides the parameters, only:
   together when backward first needs one. ``grad_A ≈ (dZᵀ·Z)·M``, the exact gradient with ``drop(X)`` replaced by
   its least-squares reconstruction ``Z·M`` from ``Z``. Exact when the rows of ``drop(X)`` lie in an
   ``r``-dimensional space that ``A`` maps one to one (up to the ridge ``λ``). ``extra_rank=k`` also keeps a
-  ``k``-column sketch ``S = drop(X)·Ω`` and reconstructs from ``[Z, S]``.
+  ``k``-column sketch ``S = drop(X)·Ω`` and reconstructs from ``[Z, S]`` (``power_iters`` turns ``Ω`` toward
+  ``X``'s strongest directions first); ``fit_group_rows=g`` fits one ``M`` per ``g`` tokens.
 
 In all three, the output, ``grad_X``, ``grad_B`` and the bias gradients are bit-identical to peft's
 ``lora_B(lora_A(dropout(x))) * scaling`` added to ``base(x)`` under autograd: the backward issues the same matmuls
@@ -54,6 +55,9 @@ class LoRACompression:
     lam: float = 1e-6  # ridge of the M fit, relative to the mean eigenvalue trace(ZᵀZ)/r (> 0: robust when singular)
     fit_chunk_rows: int = 4096  # rows of X cast to float32 at a time while fitting M (bounds the temporary)
     extra_rank: int = 0  # "care": also keep S = X·Ω (k Gaussian columns, X's dtype) and fit M on [Z, S]
+    # "care" with extra_rank: passes of X·(Xᵀ·) that turn the sketch's Gaussian directions toward X's top right
+    # singular vectors before S is kept (each pass two N x d x k products; 0: the plain Gaussian sketch)
+    power_iters: int = 0
     # "care": 0 fits one M to all rows of a call; g > 0 fits one M to every g consecutive rows (tokens), which
     # reconstructs X from r dimensions per g rows instead of r in all, for r·d float32 numbers per g rows
     fit_group_rows: int = 0
@@ -73,6 +77,11 @@ class LoRACompression:
             raise ConfigError(f"LoRA option extra_rank must be an int >= 0, got {self.extra_rank!r}")
         if self.extra_rank and self.method != "care":
             raise ConfigError(f"LoRA option extra_rank applies to method 'care' only, not {self.method!r}")
+        q = self.power_iters
+        if isinstance(q, bool) or not isinstance(q, int) or q < 0:
+            raise ConfigError(f"LoRA option power_iters must be an int >= 0, got {q!r}")
+        if q and not self.extra_rank:
+            raise ConfigError("LoRA option power_iters refines the extra_rank sketch: set extra_rank > 0 with it")
         g = self.fit_group_rows
         if isinstance(g, bool) or not isinstance(g, int) or g < 0:
             raise ConfigError(f"LoRA option fit_group_rows must be an int >= 0 (0: one fit per call), got {g!r}")
@@ -169,6 +178,20 @@ def fit_reconstruction(z: torch.Tensor, h: torch.Tensor, lam: float, rows: torch
     """``M = (ZᵀWZ + λI)⁻¹·ZᵀWH`` ``[r, d]`` (``W`` the row mask): :func:`fit_moments` then :func:`solve_ridge`."""
     gram, cross = fit_moments(z, h, rows, chunk_rows)
     return solve_ridge(gram[None], cross[None], lam)[0]
+
+
+def orthonormal_rows(a: torch.Tensor) -> torch.Tensor:
+    """Rows spanning the row space of ``a`` (``[k, d]``, k <= d), orthonormal: Cholesky QR in float64 (float32
+    where float64 is missing), ``L⁻¹·a`` with ``L·Lᵀ = a·aᵀ`` (plus a ridge of 1e-12 of its trace, for rank
+    deficiency). No host synchronization; a factorization that fails gives NaN. Returns float32 (float64 for
+    float64 input)."""
+    solve = _solve_dtype(a.device)
+    x = a.to(solve)
+    g = x.mm(x.t())
+    g.diagonal().add_(torch.finfo(solve).tiny + 1e-12 * g.diagonal().sum())
+    chol, info = torch.linalg.cholesky_ex(g)
+    rows = torch.linalg.solve_triangular(chol, x, upper=False)
+    return rows.masked_fill_(info != 0, math.nan).to(_fit_dtype(a))
 
 
 class _PendingFits:
@@ -357,6 +380,8 @@ class LoRALinearFunction(torch.autograd.Function):
             h2, basis = h.reshape(n, -1), z.reshape(n, -1)
             if cfg.extra_rank:
                 sketch = F.linear(h2, sketch_matrix(h2.shape[1], cfg.extra_rank, h.dtype, h.device))
+                for _ in range(cfg.power_iters):  # S = X·W, W's rows an orthonormal basis of the rows of SᵀX
+                    sketch = F.linear(h2, orthonormal_rows(sketch.t().mm(h2)).to(h.dtype))
                 basis = torch.cat([basis.to(_fit_dtype(z)), sketch.to(_fit_dtype(z))], 1)
             if cfg.fit_group_rows:
                 gram, keep = fit_group_moments(basis, h2, cfg.fit_group_rows, rows, cfg.fit_chunk_rows)

@@ -174,20 +174,20 @@ def _mask_owner(model: nn.Module) -> nn.Module:
 
 
 def apply_(model: nn.Module, method: str = "care", *, lam: float = 1e-6, fit_chunk_rows: int = 4096,
-           extra_rank: int = 0, fit_group_rows: int = 0, dropout_mask: str = "bitmask",
+           extra_rank: int = 0, power_iters: int = 0, fit_group_rows: int = 0, dropout_mask: str = "bitmask",
            use_attention_mask: bool = True) -> LoRAReport:
     """Compress the activations of every supported LoRA layer of the peft ``model`` in place.
 
     ``method``: ``"care"`` (keep Z and the fitted M), ``"fa"`` (LoRA-FA: freeze every lora_A, keep Z) or
     ``"lora"`` (keep the branch input: exact, for reference). ``lam``, ``fit_chunk_rows``, ``extra_rank``,
-    ``fit_group_rows``, ``dropout_mask``: see
+    ``power_iters``, ``fit_group_rows``, ``dropout_mask``: see
     :class:`LoRACompression`. Applying again replaces the method. Layers that
     cannot be taken (embeddings, convolutions, quantized or transposed bases, DoRA, trainable base weights) stay
     plain peft LoRA: one warning line per reason, and the report lists each. ``use_attention_mask``: leave
     padding rows out of the fit, read from the model's ``attention_mask`` argument.
     """
     cfg = LoRACompression(method=method, lam=lam, fit_chunk_rows=fit_chunk_rows, extra_rank=extra_rank,
-                          fit_group_rows=fit_group_rows, dropout_mask=dropout_mask)
+                          power_iters=power_iters, fit_group_rows=fit_group_rows, dropout_mask=dropout_mask)
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
     if not layers:
         raise ConfigError(f"actzip.lora.apply: {type(model).__name__} has no peft LoRA layers; wrap it with "
