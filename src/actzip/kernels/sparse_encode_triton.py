@@ -65,7 +65,7 @@ _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _exclusive_prefix(status_ptr, tile, size, LB: tl.constexpr):
+def _exclusive_prefix(status_ptr, tile, size):
     """Publish ``size`` for ``tile``, wait for the sum of the sizes of all earlier tiles, publish the inclusive
     prefix, and return the exclusive one (int64)."""
     excl = size * 0
@@ -73,7 +73,7 @@ def _exclusive_prefix(status_ptr, tile, size, LB: tl.constexpr):
         tl.atomic_xchg(status_ptr, size | INCLUSIVE, sem="release")
     else:
         tl.atomic_xchg(status_ptr + tile, size | AGGREGATE, sem="release")
-        k = tl.arange(0, LB)
+        k = tl.arange(0, LOOKBACK)
         j = tile - 1
         done = tile * 0
         while done == 0:
@@ -82,8 +82,8 @@ def _exclusive_prefix(status_ptr, tile, size, LB: tl.constexpr):
             # Plain volatile loads, not atomics: a status word is one aligned 64-bit store, read whole, and
             # read-modify-write polling would serialize every tile on its predecessors' words in L2.
             s = tl.load(status_ptr + idx, mask=valid, other=INCLUSIVE, volatile=True)  # before tile 0: prefix 0
-            not_ready = tl.min(tl.where(s == 0, k, LB), axis=0)
-            first_inc = tl.min(tl.where(s >= INCLUSIVE, k, LB), axis=0)
+            not_ready = tl.min(tl.where(s == 0, k, LOOKBACK), axis=0)
+            first_inc = tl.min(tl.where(s >= INCLUSIVE, k, LOOKBACK), axis=0)
             # Words before the first unpublished one are final: sum them up to and including the nearest
             # inclusive prefix if there is one (done), else all of them and look further back.
             found = first_inc < not_ready
@@ -183,7 +183,7 @@ def encode_kernel(
     per_byte = tl.sum(f, axis=1)
     size = tl.sum(per_byte, axis=0).to(tl.int64)
     start = tl.load(start_ptr) // ELEM_BYTES
-    excl = _exclusive_prefix(work_ptr, tile, size, LOOKBACK)
+    excl = _exclusive_prefix(work_ptr, tile, size)
     base = start + excl
     # Broadcast to a block: a scalar bool in a store mask is refused by Triton's interpreter.
     fits = (tl.zeros_like(f) + (base + size <= capacity).to(tl.int32)) != 0 if ARENA else f >= 0
