@@ -452,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--steps", type=int, help="fine-tuning steps per method")
     lb.add_argument("--seeds", type=int, help="fine-tuning runs per method (the first timed; the others add test accuracies)")
     lb.add_argument("--pretrain-steps", type=int, dest="pretrain_steps")
+    lb.add_argument("--lr", type=float, help="fine-tuning learning rate")
+    lb.add_argument("--lr-schedule", dest="lr_schedule", choices=["cosine", "constant"],
+                    help="cosine: 5%% warm-up, decay to lr/10 (default); constant")
     lb.add_argument("--batch-size", type=int, dest="batch_size")
     lb.add_argument("--rank", type=int)
     lb.add_argument("--dropout", type=float)

@@ -81,4 +81,25 @@ def test_config_errors():
         LoRABenchConfig.preset("a100")
     with pytest.raises(ConfigError, match="seeds"):
         LoRABenchConfig(seeds=0)
+    with pytest.raises(ConfigError, match="lr_schedule"):
+        LoRABenchConfig(lr_schedule="linear")
     assert LoRABenchConfig.preset("h200").dtype == "bfloat16"
+
+
+def test_lr_schedule_warms_up_and_decays_to_a_tenth():
+    from actzip.bench.lora import _lr_schedule
+
+    def rates(schedule):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = _lr_schedule(LoRABenchConfig(steps=100, lr_schedule=schedule), opt)
+        out = []
+        for _ in range(100):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out
+
+    cos = rates("cosine")
+    assert cos[0] == pytest.approx(0.2) and cos[4] == pytest.approx(1.0, abs=0.01)  # 5 warm-up steps
+    assert all(a >= b for a, b in zip(cos[4:], cos[5:])) and cos[-1] == pytest.approx(0.1, abs=0.01)
+    assert rates("constant") == [1.0] * 100

@@ -252,7 +252,8 @@ def _lora_section(path: Path, root: Path) -> str:
         f"{pre['final_loss']:.3f}), then peft LoRA (r={c['rank']}, alpha={c['alpha']:g}, dropout {c['dropout']} (fa / care "
         f"keep its mask as {c.get('dropout_mask', 'bitmask')}), every "
         f"linear layer, adapters {'float32 (peft default)' if c['adapter_dtype'] == 'peft' else 'in the model dtype'}) "
-        f"fine-tuned {c['steps']} steps of {c['batch_size']} examples on snippet classification "
+        f"fine-tuned {c['steps']} steps of {c['batch_size']} examples at lr {c['lr']:g} "
+        f"({_lr_schedule_words(c.get('lr_schedule', 'constant'))}) on snippet classification "
         f"({len(rec['task']['classes'])} standard-library packages, chance {rec['task']['chance_accuracy']:.0%}, "
         f"{rec['task']['test_size']} test examples). Same weights, adapter init, batches and dropout masks for every "
         "method; steps interleaved. Peak = step peak with the other methods' held memory taken out (CUDA only); "
@@ -288,6 +289,10 @@ def _lora_section(path: Path, root: Path) -> str:
                          f"({r['mean_accuracy_vs_lora_points']:+.1f} points)" for r in seeded) + ".")
     lines.append("\nCARE targets: " + ", ".join(f"{k} {v}" for k, v in rec["targets"].items()) + ".")
     return "\n".join(lines) + "\n"
+
+
+def _lr_schedule_words(schedule: str) -> str:
+    return {"cosine": "5% warm-up, cosine decay to a tenth", "constant": "constant"}.get(schedule, schedule)
 
 
 def _fmt_s(v: float | None) -> str:
