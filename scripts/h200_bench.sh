@@ -2,8 +2,8 @@
 # Every GPU figure in results/: run on the device machine from the repository root, with PYTHONPATH=src.
 # Usage: scripts/h200_bench.sh OUT_DIR [stage...]
 #   stages: tests kernels ffn gpt bits demo quant cache lora wire (default: all; more than 10 minutes in all),
-#   ffn-fp8, ffn16k (two runs of the ffn sweep), lora-seeds (3 fine-tuning runs per method for the accuracy spread;
-#   about 5 minutes), and wire-nccl (2 GPUs)
+#   ffn-fp8, ffn16k (two runs of the ffn sweep), lora-variants (CARE with extra sketch columns and a power
+#   iteration), lora-constant (the constant learning rate, for the spread it gives), and wire-nccl (2 GPUs)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -40,8 +40,10 @@ for stage in $stages; do
     demo) az demo --no-progress --json "$out/demo-h200-small.json" ;;
     quant) az bench quant --json "$out/quant.json" ;;
     cache) az bench cache --json "$out/cache.json" ;;
-    lora) az bench lora --config h200 --json "$out/lora.json" ;;
-    lora-seeds) az bench lora --config h200 --steps 100 --seeds 3 --methods lora,fa,care --json "$out/lora-seeds.json" ;;
+    lora) az bench lora --config h200 --json "$out/lora.json" ;;  # 3 runs per method, ~8 minutes
+    lora-variants) az bench lora --config h200 --methods lora,care,care+48p1 --json "$out/lora-cosine.json" ;;
+    lora-constant) az bench lora --config h200 --steps 100 --lr-schedule constant --methods lora,fa,care \
+      --json "$out/lora-seeds.json" ;;
     wire) az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 4 --batch-size 32 --microbatches 8 \
             --steps 600 --json "$out/wire.json" ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
