@@ -186,6 +186,17 @@ def test_quant_non_dense_layout_comes_back_contiguous():
     check_quant_bound(x, codec)
 
 
+def test_quant_sliced_view_comes_back_in_its_order_of_strides():
+    # q cut from a fused projection, heads moved forward, as attention gets it: [B, H, T, hd] strided as
+    # [B, T, H, hd] with gaps. It comes back dense in that same order, so attention's backward copies nothing.
+    qkv = torch.randn(2, 5, 3 * 4 * 8).view(2, 5, 3, 4, 8)
+    q = qkv[:, :, 0].transpose(1, 2)
+    codec = QuantCodec(bits=8, group_size=8)
+    y = codec.decode(codec.encode(q))
+    assert y.shape == q.shape and y.transpose(1, 2).is_contiguous()
+    check_quant_bound(q, codec)
+
+
 # -- unbiasedness -------------------------------------------------------------------------------------------
 
 REPEATS = 40_000  # the mean's standard error is at most 1/(2*sqrt(R)) = 0.0025 steps

@@ -1,6 +1,7 @@
 """SketchedLinear: exact output, input and bias gradients; unbiased, exactly rank-k weight gradient."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -193,7 +194,7 @@ def test_chunked_rows_match_the_whole_product(monkeypatch):
     for rows in (10_000, 16):  # one slice / many slices of about 16 rows (the last one partial)
         monkeypatch.setattr(lin_mod, "CHUNK_BYTES", rows * 32 * 4)
         calls.clear()
-        sk = SketchedLinear(base, rank=8, seed=3, factored_grad=True)
+        sk = SketchedLinear(base, rank=8, kind="gaussian", seed=3, factored_grad=True)  # sign: no float32 copy
         sk.weight.grad = None
         sk(x).float().pow(2).sum().backward()
         assert len(calls) == (1 if rows == 10_000 else 200 // 16 + 1)  # 200 rows of x in slices of 16
@@ -202,3 +203,52 @@ def test_chunked_rows_match_the_whole_product(monkeypatch):
     (g_whole, f_whole), (g_chunk, f_chunk) = grads[10_000], grads[16]
     assert torch.allclose(f_whole[0], f_chunk[0], rtol=1e-5, atol=1e-5) and torch.equal(f_whole[1], f_chunk[1])
     assert torch.allclose(g_whole, g_chunk, rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sign_sketch_of_16_bit_inputs_stays_16_bit(dtype, device, monkeypatch):
+    # x S with the signs scaled by a power of two (exact in 16 bits) in x's own dtype, and the weight gradient
+    # from it with the scale folded into the small factor: no float32 copy of x is made.
+    from actzip.codecs.sketch import sign_matrix
+    from actzip.memory import linear as lin_mod
+
+    monkeypatch.setattr(lin_mod, "sketch_apply", lambda *a: pytest.fail("the float32 route was taken"))
+    torch.manual_seed(1)
+    k, d_in, d_out = 24, 96, 40
+    base = nn.Linear(d_in, d_out, bias=False).to(device, dtype)
+    sk = SketchedLinear(base, rank=k, seed=7, factored_grad=True)
+    x = torch.randn(3, 50, d_in, dtype=dtype, device=device) * 4
+    g = torch.randn(3, 50, d_out, dtype=dtype, device=device)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = sk(x)
+    y.backward(g)
+    signs = sign_matrix(d_in, k, sk.last_seed, device=device, dtype=torch.float32)
+    c = 2.0 ** -round(math.log2(k) / 2)
+    xs = torch.matmul(x, signs.to(dtype) * c)
+    assert any(t.dtype == dtype and t.shape == (3, 50, k) and torch.equal(t, xs) for t in saved)
+    left = g.reshape(-1, d_out).float().t() @ xs.reshape(-1, k).float() / (k * c)
+    left_f, right_f = sk.weight.actzip_factors
+    assert torch.allclose(left_f, left, rtol=1e-4, atol=1e-4) and torch.equal(right_f, signs.t())
+    # (on CUDA the backward thread's cuBLAS handle may pick another kernel for the same product)
+    expect = (left_f @ right_f).to(dtype)
+    assert torch.equal(sk.weight.grad, expect) if device == "cpu" else torch.allclose(sk.weight.grad, expect)
+
+
+def test_sign_sketch_of_bf16_inputs_unbiased():
+    torch.manual_seed(5)
+    d_in, d_out, n, k = 12, 3, 1500, 4
+    sk = SketchedLinear(nn.Linear(d_in, d_out, bias=False).to(torch.bfloat16), rank=k, seed=2)
+    x = torch.randn(5, d_in, dtype=torch.bfloat16)
+    g = torch.randn(5, d_out, dtype=torch.bfloat16)
+    exact = g.float().t() @ x.float()
+    samples = []
+    for _ in range(n):
+        sk.weight.grad = None
+        sk(x).backward(g)
+        samples.append(sk.weight.grad.float())
+    samples = torch.stack(samples)
+    z = (samples.mean(0) - exact) / (samples.std(0) / n**0.5)
+    assert z.abs().max() < 4.5 and z.abs().mean() < 1.2

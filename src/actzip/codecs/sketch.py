@@ -76,19 +76,30 @@ def sketch_matrix(
     if not isinstance(d, int) or isinstance(d, bool) or d < 0:
         raise ConfigError(f"sketch_matrix: d must be a non-negative int, got {d!r}")
     if kind == "sign":
-        # Integer hash of (seed, index) computed where S is needed: no host work, no transfer, and the same
-        # bits on every device (the hash is integer arithmetic and the threshold test is exact).
-        from actzip.codecs.quant import hash_uniform, stream_keys
-
-        index = torch.arange(d * k, dtype=torch.int64, device=device)
-        u = hash_uniform(index, stream_keys(seed, 0))
-        signs = (u < 0.5).to(torch.float64).mul_(2).sub_(1)  # float64, then cast, as the gaussian kind
-        return signs.mul_(1.0 / math.sqrt(k)).view(d, k).to(dtype)
+        signs = sign_matrix(d, k, seed, device, torch.float64)  # float64, then cast, as the gaussian kind
+        return signs.mul_(1.0 / math.sqrt(k)).to(dtype)
     g = torch.Generator(device="cpu")
     g.manual_seed(seed)
     s = torch.randn(d, k, generator=g, dtype=torch.float64)
     s.mul_(1.0 / math.sqrt(k))
     return s.to(device=device, dtype=dtype)
+
+
+def sign_matrix(
+    d: int, k: int, seed: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The ``d x k`` matrix of +-1 whose scaled copy (by ``1/sqrt(k)``) is the ``"sign"`` :func:`sketch_matrix`.
+
+    +-1 is exact in every float dtype, so a 16-bit ``x`` can be multiplied by it in its own dtype (float32
+    accumulation) with no cast of ``x``; the scale goes on a small product instead.
+    """
+    # Integer hash of (seed, index) computed where S is needed: no host work, no transfer, and the same bits
+    # on every device (the hash is integer arithmetic and the threshold test is exact).
+    from actzip.codecs.quant import hash_uniform, stream_keys
+
+    index = torch.arange(d * k, dtype=torch.int64, device=device)
+    u = hash_uniform(index, stream_keys(seed, 0))
+    return (u < 0.5).to(dtype).mul_(2).sub_(1).view(d, k)
 
 
 def sketch_apply(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

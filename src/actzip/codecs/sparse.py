@@ -57,18 +57,20 @@ def _sign_set(bits: torch.Tensor) -> torch.Tensor:
 def memory_order(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...] | None]:
     """A 1-D view of ``x`` in memory order, and the dimension order that undoes it.
 
-    Returns ``(flat, perm)``: ``x.permute(perm)`` is contiguous and ``flat`` is it flattened, so no copy is
-    made. ``perm`` is ``None`` when ``x`` is contiguous or has no dense order (then ``flat`` is a copy in
-    row-major order).
+    Returns ``(flat, perm)``: ``x.permute(perm)`` in row-major order is ``flat``. For a dense layout (any
+    order of dimensions) that is ``x``'s own memory, so no copy is made. A view with gaps (a slice of a wider
+    tensor: attention's q, k and v cut from one projection) is copied, in its own order of strides, so that
+    :func:`restore_order` gives back the same order of strides: a consumer that wanted the view's layout
+    (cuDNN attention's backward) then needs no second copy. ``perm`` is ``None`` for row-major order.
     """
     if x.is_contiguous():
         return x.reshape(-1), None
     # Largest stride first; for ties (size-1 dims) keep the original order so the permutation is stable.
     perm = tuple(sorted(range(x.dim()), key=lambda d: (-x.stride(d), d)))
     xp = x.permute(perm)
-    if xp.is_contiguous():
-        return xp.reshape(-1), perm
-    return x.contiguous().reshape(-1), None
+    if perm == tuple(range(x.dim())):
+        perm = None
+    return (xp if xp.is_contiguous() else xp.contiguous()).reshape(-1), perm
 
 
 def restore_order(flat: torch.Tensor, shape: torch.Size, perm: tuple[int, ...] | None) -> torch.Tensor:

@@ -7,10 +7,16 @@ computes the weight gradient as ``(G^T (x S)) S^T``, whose expectation is ``G^T 
 from ``k / in`` of the memory. It is exactly rank ``k``: the factors ``G^T (x S)`` ``[out x k]`` and ``S^T``
 ``[k x in]`` hold it with no further error. Everything else is exact: the output, the input gradient
 ``G W`` (which never needs ``x``) and the bias gradient are those of ``nn.Linear``.
+
+With the default ``"sign"`` sketch on a 16-bit input, ``x S`` is taken with the signs scaled by a power of two
+(exact in 16 bits), as one 16-bit matmul with float32 accumulation, and ``G^T (x S)`` likewise with a float32
+result: no float32 copy of ``x`` or ``G`` is made. Other kinds and dtypes compute in float32 (float64 for
+float64 tensors).
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Callable
 
@@ -19,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from actzip.codecs.quant import _check_seed
-from actzip.codecs.sketch import check_kind, check_rank, derive_seed, sketch_apply, sketch_matrix
+from actzip.codecs.sketch import check_kind, check_rank, derive_seed, sign_matrix, sketch_apply, sketch_matrix
 from actzip.core.errors import ConfigError
 from actzip.memory.saved import record_external
 
@@ -39,8 +45,32 @@ def _chunk_rows(features: int, work: torch.dtype) -> int:
     return max(1, CHUNK_BYTES // (features * torch.finfo(work).bits // 8))
 
 
+def _sign16(kind: str, dtype: torch.dtype) -> bool:
+    """Whether the sketch runs in the input's own 16-bit dtype: sign entries scaled by a power of two are exact
+    there, so ``x S`` needs no float32 copy of ``x`` (nor ``G^T (x S)`` one of ``G``) and runs on the 16-bit
+    tensor cores with float32 accumulation."""
+    return kind == "sign" and dtype in (torch.bfloat16, torch.float16)
+
+
+def _sign_scale(k: int) -> float:
+    # 2**-round(log2(sqrt k)): close to the 1/sqrt(k) that keeps x S in x's range (fp16 overflows without it),
+    # and exact in every float dtype.
+    return 2.0 ** -round(math.log2(k) / 2)
+
+
+_MM_OUT_DTYPE = [True]  # whether torch.mm takes out_dtype here (CUDA, recent torch); cleared on the first refusal
+
+
 def _gram_left(g2: torch.Tensor, xs2: torch.Tensor, work: torch.dtype) -> torch.Tensor:
     """``G^T (x S)`` ``[out, k]`` in ``work`` precision, at most ``CHUNK_BYTES`` of ``G`` cast at a time."""
+    if g2.is_cuda and g2.dtype == xs2.dtype and g2.dtype in (torch.bfloat16, torch.float16) and _MM_OUT_DTYPE[0]:
+        try:  # 16-bit operands, float32 accumulation and result: no cast of G at all
+            return torch.mm(g2.t(), xs2, out_dtype=work)
+        except (RuntimeError, TypeError) as e:
+            _MM_OUT_DTYPE[0] = False
+            from actzip.kernels import runtime
+
+            runtime.record_fallback("SketchedLinear weight gradient", f"torch.mm(out_dtype=...) failed: {e}")
     rows = _chunk_rows(g2.shape[1], work)
     if g2.dtype == work and xs2.dtype == work or g2.shape[0] <= rows:
         return g2.to(work).t().matmul(xs2.to(work))
@@ -75,7 +105,11 @@ class SketchedLinearFunction(torch.autograd.Function):
         ctx.rank, ctx.kind, ctx.seed, ctx.d = rank, kind, seed, d
         ctx.x_shape, ctx.has_bias = x.shape, bias is not None
         ctx.owner = owner
-        if ctx.needs_input_grad[1]:
+        ctx.sign16 = _sign16(kind, x.dtype)
+        if ctx.needs_input_grad[1] and ctx.sign16:
+            xs = torch.matmul(x.detach(), sign_matrix(d, rank, seed, x.device, x.dtype).mul_(_sign_scale(rank)))
+            record_external("sketch", x.numel() * x.element_size(), xs.numel() * xs.element_size())
+        elif ctx.needs_input_grad[1]:
             s = sketch_matrix(d, rank, seed, kind, x.device, _work(x.dtype))
             xs = _sketch_rows(x.detach(), s).to(x.dtype)
             record_external("sketch", x.numel() * x.element_size(), xs.numel() * xs.element_size())
@@ -95,7 +129,11 @@ class SketchedLinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             left = _gram_left(grad_y.reshape(-1, grad_y.shape[-1]), xs.reshape(-1, ctx.rank), _work(weight.dtype))
             work = left.dtype
-            right = sketch_matrix(ctx.d, ctx.rank, ctx.seed, ctx.kind, weight.device, work).t()  # [k, in]
+            if ctx.sign16:  # xs = x (c S+-): G^T x S S^T = left (1 / (k c)) S+-^T, S = S+- / sqrt(k)
+                left = left.mul_(1.0 / (ctx.rank * _sign_scale(ctx.rank)))
+                right = sign_matrix(ctx.d, ctx.rank, ctx.seed, weight.device, work).t()
+            else:
+                right = sketch_matrix(ctx.d, ctx.rank, ctx.seed, ctx.kind, weight.device, work).t()  # [k, in]
             grad_w = left.matmul(right).to(weight.dtype)
             owner = ctx.owner() if ctx.owner is not None else None
             if owner is not None:
