@@ -378,6 +378,13 @@ def geometry(
     ``group_threads``: how many threads share a group (a power of two; more for groups too large for that many,
     or too few to fill the program). ``warps``: default 32 elements per thread, 1 to 8 warps.
     """
+    return dict(_geometry(group_size, elem_bytes, bits, tile, group_threads, warps))
+
+
+@functools.lru_cache(maxsize=256)
+def _geometry(group_size: int, elem_bytes: int, bits: int, tile: int | None, group_threads: int | None,
+              warps: int | None) -> tuple:  # fmt: skip
+    # Worked out once per launch shape: a few microseconds of Python saved on every encode and decode.
     tile = _pow2(DEFAULT_TILE if tile is None else tile, "tile")
     lanes = _pow2(DEFAULT_GROUP_THREADS if group_threads is None else group_threads, "group_threads")
     k = max(16 // elem_bytes, 8 // bits)  # one 16-byte load, and whole bytes of codes
@@ -391,7 +398,7 @@ def geometry(
     else:  # every thread busy, and at most _THREAD_ELEMS elements of a group in one thread
         cp = min(chunks, max(lanes, 32 * warps // bg, chunks * k // _THREAD_ELEMS))
         ns = chunks // cp
-    return {"G": group_size, "NS": ns, "BG": bg, "CP": cp, "K": k, "num_warps": warps}
+    return (("G", group_size), ("NS", ns), ("BG", bg), ("CP", cp), ("K", k), ("num_warps", warps))
 
 
 def _launch(geo: dict, n_rows: int, n_pad: int) -> tuple[tuple[int], dict]:

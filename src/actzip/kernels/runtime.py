@@ -72,22 +72,25 @@ def interpreter_enabled() -> bool:
     return _env_interpret() and mode is not False
 
 
+_INTERPRETED_GONE = (
+    "actzip's Triton kernels were loaded under Triton's interpreter (TRITON_INTERPRET=1), which is no longer set"
+)
+
+
 def unavailable_reason(device: torch.device | str) -> str | None:
     """``None`` if Triton kernels can run on tensors of ``device``, else the reason, as a sentence fragment."""
     device = torch.device(device)
     err = triton_import_error()
     if err is not None:
         return f"Triton is not installed or cannot be imported ({err}); install it with pip install 'actzip[triton]'"
-    mode, env = _kernels_interpreted(), _env_interpret()
+    mode = _kernels_interpreted()
+    if device.type == "cuda":  # the hot path (each encode and decode asks): one environment lookup at most
+        return _INTERPRETED_GONE if mode is True and not _env_interpret() else None
+    env = _env_interpret()
     if mode is True and not env:
-        return (
-            "actzip's Triton kernels were loaded under Triton's interpreter (TRITON_INTERPRET=1), which is no "
-            "longer set"
-        )
-    if device.type == "cuda":
-        return None
+        return _INTERPRETED_GONE
     if device.type == "cpu":
-        if interpreter_enabled():
+        if env and mode is not False:  # interpreter_enabled()
             return None
         if mode is False and env:
             return (
