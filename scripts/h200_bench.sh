@@ -3,7 +3,8 @@
 # Usage: scripts/h200_bench.sh OUT_DIR [stage...]
 #   stages: tests kernels ffn gpt bits demo quant cache lora wire (default: all; more than 10 minutes in all),
 #   ffn-fp8, ffn16k (two runs of the ffn sweep), lora-variants (CARE with extra sketch columns and a power
-#   iteration), lora-constant (the constant learning rate, for the spread it gives), and wire-nccl (2 GPUs)
+#   iteration), lora-constant (the constant learning rate, for the spread it gives), cache-wide (the lossy cache
+#   at d=4096), cache-chunk1024 (the 124M models with 1024-token loss chunks), and wire-nccl (2 GPUs)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -40,6 +41,12 @@ for stage in $stages; do
     demo) az demo --no-progress --json "$out/demo-h200-small.json" ;;
     quant) az bench quant --json "$out/quant.json" ;;
     cache) az bench cache --json "$out/cache.json" ;;
+    # the lossy cache at a 7B model's width (4 blocks of d=4096), with 1024-token loss chunks so that the head's
+    # float32 logits weigh in the peak as little as the activations they are compared with
+    cache-wide) az bench cache --gpt-preset d4096x4 --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
+      --strategies none,checkpoint,sparse,4bit,sketch-d8 --rounds 8 --json "$out/cache-d4096x4.json" ;;
+    cache-chunk1024) az bench cache --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
+      --strategies none,4bit,sketch-d8 --rounds 8 --json "$out/cache-chunk1024.json" ;;
     lora) az bench lora --config h200 --json "$out/lora.json" ;;  # 3 runs per method, ~8 minutes
     lora-variants) az bench lora --config h200 --methods lora,care,care+48p1 --json "$out/lora-cosine.json" ;;
     lora-constant) az bench lora --config h200 --steps 100 --lr-schedule constant --methods lora,fa,care \

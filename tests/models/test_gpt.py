@@ -30,6 +30,8 @@ def test_presets_set_documented_sizes():
     assert (s.n_layer, s.n_head, s.n_embd, s.block_size) == (4, 4, 256, 128)
     g = GPTConfig.preset("gpt2-124m")
     assert (g.n_layer, g.n_head, g.n_embd, g.block_size, g.vocab_size) == (12, 12, 768, 1024, 50304)
+    w = GPTConfig.preset("d4096x4")
+    assert (w.n_layer, w.n_head, w.n_embd, w.vocab_size) == (4, 32, 4096, 50304)
     assert GPTConfig.preset("tiny", activation="gelu", n_layer=3).activation == "gelu"
     assert GPTConfig.preset("tiny", n_layer=3).n_layer == 3
 

@@ -42,6 +42,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=64),  # seconds on a CPU, for tests
     "small": dict(n_layer=4, n_head=4, n_embd=256, block_size=128),
     "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
+    # Four blocks at the width of a 7B model (Llama-2 7B: d=4096, 32 heads): per-token cost ratios of compute,
+    # activation bytes and kernel time as at that scale, in a model that fits one GPU with room to spare.
+    "d4096x4": dict(n_layer=4, n_head=32, n_embd=4096, block_size=1024, vocab_size=50304),
 }
 
 
@@ -100,7 +103,7 @@ class GPTConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "GPTConfig":
-        """A named configuration ("tiny", "small", "gpt2-124m"), with fields replaced by ``overrides``."""
+        """A named configuration ("tiny", "small", "gpt2-124m", "d4096x4"), with fields replaced by ``overrides``."""
         if name not in _PRESETS:
             raise ConfigError(f"GPTConfig preset {name!r} is unknown; known presets: {sorted(_PRESETS)}")
         fields = {f.name for f in dataclasses.fields(cls)}
