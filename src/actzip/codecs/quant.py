@@ -1,7 +1,8 @@
 """Lossy codecs: per-group integer quantization (``quant``) and scaled 8-bit floats (``fp8``).
 
 Both work over the tensor's elements in memory order (so a transposed or channels-last tensor is grouped the
-way it lies in memory, and comes back with its strides), split into groups of ``group_size`` elements; the last
+way it lies in memory, and comes back with its strides; a view with gaps is copied in its order of strides and
+comes back dense in that order), split into groups of ``group_size`` elements; the last
 group is padded by repeating the last element, which leaves its range unchanged. Arithmetic runs in float32
 (float64 for float64 tensors) and per-group parameters are stored in that precision.
 

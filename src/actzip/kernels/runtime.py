@@ -90,7 +90,7 @@ def unavailable_reason(device: torch.device | str) -> str | None:
     if mode is True and not env:
         return _INTERPRETED_GONE
     if device.type == "cpu":
-        if env and mode is not False:  # interpreter_enabled()
+        if interpreter_enabled():
             return None
         if mode is False and env:
             return (
