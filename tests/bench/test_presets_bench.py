@@ -29,3 +29,20 @@ def test_presets_bench_on_a_llama_model(tmp_path, monkeypatch):
     # log-probabilities (256 float32 per token at this size) are kept
     assert runs["4bit"]["saved_bytes_per_token"] < runs["lossless"]["saved_bytes_per_token"] / 4.5
     assert abs(runs["4bit"]["val_loss_gap"]) < 0.05
+
+
+def test_sketch_run_keeps_less_and_puts_the_plain_layers_back(tmp_path, monkeypatch):
+    import torch
+
+    from actzip.bench.presets import PresetBenchConfig, run_presets
+
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    cfg = PresetBenchConfig(presets=("lossless", "sketch-d8", "lossless"), steps=3, batch_size=2, corpus_bytes=200_000,
+                            log_every=1)
+    runs = run_presets(cfg, torch.device("cpu"))["runs"]
+    assert [r["preset"] for r in runs] == ["lossless", "sketch-d8", "lossless"]
+    # linear inputs kept as rank-d/8 sketches: less saved, a different (unbiased, noisy) weight gradient
+    assert runs[1]["saved_bytes_per_token"] < 0.85 * runs[0]["saved_bytes_per_token"]
+    assert runs[1]["train_loss"] != runs[0]["train_loss"]
+    # the plain layers are back afterwards: the same run again gives the same losses
+    assert runs[2]["train_loss"] == runs[0]["train_loss"]

@@ -5,6 +5,10 @@ local config) from the same initial weights on the same batches of the embedded 
 (``lossless``, ``conservative``, ``balanced``, ``aggressive``, ``4bit``), recording the training loss, the
 validation loss at the end, the bytes the cache kept per token, and the step time. The final-loss gap to
 ``lossless`` (which is bit-identical to no compression) is the price of each lossy preset.
+
+``sketch-d8`` is not a cache preset but takes part the same way: every ``nn.Linear`` but the output head
+becomes a :class:`~actzip.memory.linear.SketchedLinear` of rank ``in_features / 8`` for that run (a cache that
+compresses nothing counts what autograd keeps).
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ import torch
 
 from actzip.data import Corpus
 from actzip.memory import ActivationCache, RoleTracker, preset_rules
+from actzip.memory.rules import count_only_rules
 from actzip.models import GPT, GPTConfig
+
+SKETCH = "sketch-d8"  # the unbiased rank-d/8 sketch of every linear input but the head's
 
 
 @dataclass
@@ -64,6 +71,22 @@ def _build(cfg: PresetBenchConfig, device: torch.device):
     return base, (lambda x, y: base(x, y)[1]), (lambda: base.configure_optimizer(lr=cfg.lr)), gcfg.block_size
 
 
+def _sketch_linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Swap every nn.Linear but the output head for a rank-d/8 SketchedLinear; return the layers it replaced."""
+    from actzip.memory import sketch_linears_
+
+    keep = lambda name, mod: name.rpartition(".")[2] != "lm_head"  # noqa: E731
+    plain = {n: m for n, m in model.named_modules() if n and type(m) is torch.nn.Linear and keep(n, m)}
+    sketch_linears_(model, rank_ratio=1 / 8, filter_fn=keep, seed=0)
+    return plain
+
+
+def _put_back(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> None:
+    for name, mod in modules.items():
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, mod)
+
+
 def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> dict:
     from actzip.bench.harness import machine_record
 
@@ -74,8 +97,10 @@ def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> 
     runs = []
     for name in cfg.presets:
         base.load_state_dict(init)
+        plain = _sketch_linears(base) if name == SKETCH else None
         opt = make_opt()
-        cache = ActivationCache(rules=preset_rules(name, min_bytes=cfg.min_bytes))  # built once: fresh noise each step
+        rules = count_only_rules() if name == SKETCH else preset_rules(name, min_bytes=cfg.min_bytes)
+        cache = ActivationCache(rules=rules)  # built once: fresh noise each step
         g = torch.Generator().manual_seed(0)
         losses, times, kept, before = [], [], [], []
         for step in range(cfg.steps):
@@ -96,6 +121,8 @@ def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> 
             cache.history.clear()
             if progress is not None:
                 progress(name, step)
+        if plain is not None:
+            _put_back(base, plain)
         tail = losses[-50:]
         runs.append({
             "preset": name,
