@@ -17,6 +17,7 @@ float64 tensors).
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from typing import Callable
 
@@ -58,7 +59,9 @@ def _sign_scale(k: int) -> float:
     return 2.0 ** -round(math.log2(k) / 2)
 
 
-_MM_OUT_DTYPE = [True]  # whether torch.mm takes out_dtype here (CUDA, recent torch); cleared on the first refusal
+# Whether torch.mm takes out_dtype here (CUDA, torch >= 2.8); cleared, with one warning, on the first refusal.
+# Then the weight gradient casts G to float32 a slice at a time, as for the other kinds.
+_MM_OUT_DTYPE = [True]
 
 
 def _gram_left(g2: torch.Tensor, xs2: torch.Tensor, work: torch.dtype) -> torch.Tensor:
@@ -68,9 +71,9 @@ def _gram_left(g2: torch.Tensor, xs2: torch.Tensor, work: torch.dtype) -> torch.
             return torch.mm(g2.t(), xs2, out_dtype=work)
         except (RuntimeError, TypeError) as e:
             _MM_OUT_DTYPE[0] = False
-            from actzip.kernels import runtime
-
-            runtime.record_fallback("SketchedLinear weight gradient", f"torch.mm(out_dtype=...) failed: {e}")
+            warnings.warn(f"actzip SketchedLinear: torch.mm(..., out_dtype=float32) is not available ({e}); the "
+                          "weight gradient casts the output gradient to float32 instead (slower, same values "
+                          "up to summation order; warned once)", RuntimeWarning, stacklevel=2)
     rows = _chunk_rows(g2.shape[1], work)
     if g2.dtype == work and xs2.dtype == work or g2.shape[0] <= rows:
         return g2.to(work).t().matmul(xs2.to(work))
