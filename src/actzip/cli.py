@@ -477,6 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--stages", type=int, help="pipeline stages (default 2)")
     wb.add_argument("--compressors", help="comma-separated name:ratio entries (dense, quant:8, mask:8, topk:8, "
                     "delta:8, subspace:100, bottleneck:100, stiefel:16, stiefel-rvq:100, ...)")
+    wb.add_argument("--boundary", help="boundary config overrides for every stage compressor, e.g. "
+                    "anchor_rank=256,lr=1e-4 (StiefelConfig, SubspaceConfig, BottleneckConfig fields)")
     wb.add_argument("--bwd-codec", dest="bwd_codec", help="backward codec spec for the byte codecs (default: "
                     "follow the forward one)")
     wb.add_argument("--bandwidths", help="comma-separated link speeds in Mbps (default 80,200)")

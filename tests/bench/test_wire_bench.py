@@ -53,6 +53,25 @@ def test_entries_and_codecs():
     assert set(QUICK) <= set(WireBenchConfig.__dataclass_fields__)
 
 
+def test_boundary_options_reach_the_stage_compressors_only():
+    from actzip.bench.wire import build_stages_for
+    from actzip.wire.stages import parse_boundary_options
+
+    assert parse_boundary_options("anchor_rank=256, lr=1e-4,code_dtype=bfloat16,retraction=polar") == {
+        "anchor_rank": 256, "lr": 1e-4, "code_dtype": torch.bfloat16, "retraction": "polar"}
+    assert parse_boundary_options("") == {}
+    with pytest.raises(ConfigError, match="name=value"):
+        parse_boundary_options("anchor_rank")
+    cfg = WireBenchConfig(model="tiny", compressors=("dense", "quant:8", "stiefel:16"), boundary="anchor_rank=16")
+    stiefel = build_stages_for(cfg.gpt_config(), 2, "stiefel", 16.0, 0, cfg.boundary_options())
+    assert stiefel[1].receiver.cfg.anchor_rank == 16
+    dense = build_stages_for(cfg.gpt_config(), 2, "quant", 8.0, 0, cfg.boundary_options())  # ignored there
+    assert not hasattr(dense[1], "receiver") or dense[1].receiver.cfg.compressor == "dense"
+    # a field one of the stage compressors lacks fails when the config is made, naming the field
+    with pytest.raises(ConfigError, match="anchor_rank"):
+        WireBenchConfig(model="tiny", compressors=("dense", "subspace:100", "stiefel:16"), boundary="anchor_rank=16")
+
+
 def test_processes_mode_runs_under_torchrun(tmp_path, monkeypatch):
     from actzip.bench.wire import train_entry_processes
 

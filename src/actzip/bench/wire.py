@@ -34,6 +34,7 @@ from actzip.data import Corpus
 from actzip.models import GPT, GPTConfig
 from actzip.wire.link import Action, LinkSpec, NetnsLink, Timeline, simulate
 from actzip.wire.pipeline import PipelineConfig, SimulatedPipeline
+from actzip.wire.stages import boundary_config, parse_boundary_options
 
 BYTE_CODECS = ("quant", "mask", "topk", "delta")
 # --quick: under 3 minutes on a 2-core CPU (about 8 to 15 s per entry).
@@ -73,6 +74,9 @@ class WireBenchConfig:
     mode: str = "simulated"  # "simulated": stages in one process; "processes": one per stage (torchrun);
     #                          "netns": 2 processes through a real netem-shaped link per bandwidth (root)
     timeout_s: float = 120.0  # longest wait for a peer's message (processes, netns)
+    # boundary config overrides for every stage-compressor entry ("anchor_rank=256,lr=1e-4"; dense and the byte
+    # codecs ignore them); a field some such entry lacks is an error
+    boundary: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.stages, int) or not 2 <= self.stages <= 8:
@@ -87,6 +91,12 @@ class WireBenchConfig:
             raise ConfigError("WireBenchConfig.mode='netns' joins 2 namespaces with one veth pair: use stages=2")
         if not 0 < self.smooth <= 1:
             raise ConfigError(f"WireBenchConfig.smooth must be in (0, 1], got {self.smooth!r}")
+        for name, ratio in map(parse_entry, self.compressors if self.boundary else ()):  # now, not after dense
+            if name not in ("dense", *BYTE_CODECS):
+                boundary_config(name, self.gpt_config(), ratio, self.seed, **self.boundary_options())
+
+    def boundary_options(self) -> dict:  # ``boundary`` as overrides: {"anchor_rank": 256, "lr": 0.0001}
+        return parse_boundary_options(self.boundary)
 
     def gpt_config(self) -> GPTConfig:
         over = {k: getattr(self, k) for k in ("n_layer", "n_embd", "n_head", "block_size")
@@ -179,15 +189,19 @@ def split_gpt(cfg: GPTConfig, n_stages: int, seed: int = 0) -> list[nn.Module]:
     return out + [_Middle(blocks[-1], (gpt.ln_f, gpt.lm_head))]
 
 
-def build_stages_for(cfg: GPTConfig, n_stages: int, name: str, ratio: float, seed: int) -> list[nn.Module]:
-    """Stage modules of an entry: dense stages for dense and the byte codecs, else the compressor's stages."""
+def build_stages_for(cfg: GPTConfig, n_stages: int, name: str, ratio: float, seed: int,
+                     options: dict | None = None) -> list[nn.Module]:  # fmt: skip
+    """Stage modules of an entry: dense stages for dense and the byte codecs, else the compressor's stages
+    (``options``: boundary config overrides)."""
     try:
         from actzip.wire.stages import build_stages
     except ImportError as e:
         if name in ("dense", *BYTE_CODECS):
             return split_gpt(cfg, n_stages, seed)
         raise ConfigError(f"compressor {name!r} needs actzip.wire.stages, which cannot be imported: {e}") from None
-    return build_stages(cfg, n_stages, "dense" if name in BYTE_CODECS else name, ratio, seed)
+    if name in ("dense", *BYTE_CODECS):
+        return build_stages(cfg, n_stages, "dense", ratio, seed)
+    return build_stages(cfg, n_stages, name, ratio, seed, **(options or {}))
 
 
 class Batches:
@@ -244,7 +258,7 @@ def train_entry(cfg: WireBenchConfig, entry: str, device: torch.device, corpus: 
         return out
     if name == "delta" and cfg.dataset_windows is None:
         raise ConfigError("delta caches activations per sample and needs repeated samples: set dataset_windows")
-    stages = [s.to(device) for s in build_stages_for(gcfg, cfg.stages, name, ratio, cfg.seed)]
+    stages = [s.to(device) for s in build_stages_for(gcfg, cfg.stages, name, ratio, cfg.seed, cfg.boundary_options())]
     pipe = SimulatedPipeline(stages, pipeline_config(cfg, entry), device)
     batches = Batches(corpus, cfg.batch_size, gcfg.block_size, cfg.seed, cfg.dataset_windows)
     window = max(1, round(cfg.smooth * cfg.steps))
@@ -505,7 +519,8 @@ def worker_main(argv: list[str] | None = None) -> int:
             device = torch.device("cuda", int(__import__("os").environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(device)
         name, ratio = parse_entry(args.entry)
-        module = build_stages_for(cfg.gpt_config(), cfg.stages, name, ratio, cfg.seed)[rank].to(device)
+        module = build_stages_for(cfg.gpt_config(), cfg.stages, name, ratio, cfg.seed,
+                                  cfg.boundary_options())[rank].to(device)
         corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
         batches = Batches(corpus, cfg.batch_size, cfg.gpt_config().block_size, cfg.seed, cfg.dataset_windows)
         window = max(1, round(cfg.smooth * cfg.steps))

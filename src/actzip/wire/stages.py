@@ -122,6 +122,31 @@ def boundary_config(
     return out
 
 
+def parse_boundary_options(text: str) -> dict:
+    """``"anchor_rank=256,lr=1e-4,code_dtype=bfloat16"`` as boundary config overrides (see :func:`boundary_config`):
+    ints, floats, ``true``/``false``, dtype names (``bfloat16``, ``float16``, ``float32``), else strings."""
+    out: dict = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        key, eq, raw = part.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not eq or not key.isidentifier() or not raw:
+            raise ConfigError(f"boundary option {part!r}: expected name=value (e.g. anchor_rank=256)")
+        if raw.lower() in ("true", "false"):
+            value: object = raw.lower() == "true"
+        elif raw in ("bfloat16", "float16", "float32"):
+            value = getattr(torch, raw)
+        else:
+            try:
+                value = int(raw)
+            except ValueError:
+                try:
+                    value = float(raw)
+                except ValueError:
+                    value = raw
+        out[key] = value
+    return out
+
+
 class _TokenEmbedding(nn.Module):
     """The GPT's input: dropout(token embedding + position embedding), the same ops in the same order."""
 
