@@ -318,6 +318,7 @@ def _wire_section(path: Path, root: Path) -> str:
          "'wall' is the measured step time of the run itself. Loss: mean training loss of the last "
          f"{c['smooth']:.0%} of the {c['steps']} steps; time to target: until the smoothed loss reaches dense's.\n"),
         _provenance(rec, path, root) + "\n",
+        *([f"Boundary options of the stage compressors: `{c['boundary']}`.\n"] if c.get("boundary") else []),
         *([f"Partial: the run was stopped at a time limit; finished entries: "
            f"{', '.join(dict.fromkeys(r['entry'] for r in rec['runs']))}.\n"] if rec.get("partial") else []),
         "| entry | B/token fwd | B/token bwd | fwd ratio | loss | vs dense | wall step ms | "
