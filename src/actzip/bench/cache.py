@@ -278,14 +278,14 @@ class _Strategy:
 
     def __enter__(self):
         if self.swap:
-            _use(self.model.module, self.swap[0])
+            use_modules(self.model.module, self.swap[0])
         if self.name == "checkpoint":
             self.model.set_checkpoint(True)
         return self
 
     def __exit__(self, *exc) -> None:
         if self.swap:
-            _use(self.model.module, self.swap[1])
+            use_modules(self.model.module, self.swap[1])
         if self.name == "checkpoint":
             self.model.set_checkpoint(False)
 
@@ -301,21 +301,29 @@ class _Strategy:
         return stack
 
 
-def _use(model: nn.Module, modules: dict[str, nn.Module]) -> None:
+def use_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:
+    """Put each module of ``{dotted name: module}`` in its place in ``model``."""
     for name, mod in modules.items():
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, mod)
 
 
-def _sketch_modules(model: _Model, cfg: CacheBenchConfig):
-    """(sketched, plain): the SketchedLinear modules of the sketch strategy and the nn.Linear they replace."""
+def sketch_modules(module: nn.Module, ratio: float, sketch_head: bool = False, seed: int = 0):
+    """Swap every nn.Linear of ``module`` (but the output head ``lm_head``, unless ``sketch_head``) for a
+    SketchedLinear of rank ``in_features * ratio``; return ``(sketched, plain)``, each ``{name: module}``, so
+    that :func:`use_modules` can switch between them."""
     from actzip.memory import sketch_linears_
 
-    keep = lambda name, mod: cfg.sketch_head or name.rpartition(".")[2] != "lm_head"  # noqa: E731
-    plain = {n: m for n, m in model.module.named_modules() if n and type(m) is nn.Linear and keep(n, m)}
-    names = sketch_linears_(model.module, rank_ratio=cfg.sketch_ratio, filter_fn=keep, seed=cfg.seed)
-    sketched = {n: model.module.get_submodule(n) for n in names}
-    _use(model.module, plain)
+    keep = lambda name, mod: sketch_head or name.rpartition(".")[2] != "lm_head"  # noqa: E731
+    plain = {n: m for n, m in module.named_modules() if n and type(m) is nn.Linear and keep(n, m)}
+    names = sketch_linears_(module, rank_ratio=ratio, filter_fn=keep, seed=seed)
+    return {n: module.get_submodule(n) for n in names}, plain
+
+
+def _sketch_modules(model: _Model, cfg: CacheBenchConfig):
+    """(sketched, plain) of the sketch strategy, the plain layers in place."""
+    sketched, plain = sketch_modules(model.module, cfg.sketch_ratio, cfg.sketch_head, cfg.seed)
+    use_modules(model.module, plain)
     return sketched, plain
 
 

@@ -71,23 +71,8 @@ def _build(cfg: PresetBenchConfig, device: torch.device):
     return base, (lambda x, y: base(x, y)[1]), (lambda: base.configure_optimizer(lr=cfg.lr)), gcfg.block_size
 
 
-def _sketch_linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """Swap every nn.Linear but the output head for a rank-d/8 SketchedLinear; return the layers it replaced."""
-    from actzip.memory import sketch_linears_
-
-    keep = lambda name, mod: name.rpartition(".")[2] != "lm_head"  # noqa: E731
-    plain = {n: m for n, m in model.named_modules() if n and type(m) is torch.nn.Linear and keep(n, m)}
-    sketch_linears_(model, rank_ratio=1 / 8, filter_fn=keep, seed=0)
-    return plain
-
-
-def _put_back(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> None:
-    for name, mod in modules.items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, mod)
-
-
 def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> dict:
+    from actzip.bench.cache import sketch_modules, use_modules
     from actzip.bench.harness import machine_record
 
     corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
@@ -97,7 +82,7 @@ def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> 
     runs = []
     for name in cfg.presets:
         base.load_state_dict(init)
-        plain = _sketch_linears(base) if name == SKETCH else None
+        plain = sketch_modules(base, 1 / 8)[1] if name == SKETCH else None
         opt = make_opt()
         rules = count_only_rules() if name == SKETCH else preset_rules(name, min_bytes=cfg.min_bytes)
         cache = ActivationCache(rules=rules)  # built once: fresh noise each step
@@ -122,7 +107,7 @@ def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> 
             if progress is not None:
                 progress(name, step)
         if plain is not None:
-            _put_back(base, plain)
+            use_modules(base, plain)
         tail = losses[-50:]
         runs.append({
             "preset": name,

@@ -46,11 +46,14 @@ def _chunk_rows(features: int, work: torch.dtype) -> int:
     return max(1, CHUNK_BYTES // (features * torch.finfo(work).bits // 8))
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
 def _sign16(kind: str, dtype: torch.dtype) -> bool:
     """Whether the sketch runs in the input's own 16-bit dtype: sign entries scaled by a power of two are exact
     there, so ``x S`` needs no float32 copy of ``x`` (nor ``G^T (x S)`` one of ``G``) and runs on the 16-bit
     tensor cores with float32 accumulation."""
-    return kind == "sign" and dtype in (torch.bfloat16, torch.float16)
+    return kind == "sign" and dtype in _HALF
 
 
 def _sign_scale(k: int) -> float:
@@ -66,7 +69,7 @@ _MM_OUT_DTYPE = [True]
 
 def _gram_left(g2: torch.Tensor, xs2: torch.Tensor, work: torch.dtype) -> torch.Tensor:
     """``G^T (x S)`` ``[out, k]`` in ``work`` precision, at most ``CHUNK_BYTES`` of ``G`` cast at a time."""
-    if g2.is_cuda and g2.dtype == xs2.dtype and g2.dtype in (torch.bfloat16, torch.float16) and _MM_OUT_DTYPE[0]:
+    if g2.is_cuda and g2.dtype == xs2.dtype and g2.dtype in _HALF and _MM_OUT_DTYPE[0]:
         try:  # 16-bit operands, float32 accumulation and result: no cast of G at all
             return torch.mm(g2.t(), xs2, out_dtype=work)
         except (RuntimeError, TypeError) as e:
@@ -109,12 +112,12 @@ class SketchedLinearFunction(torch.autograd.Function):
         ctx.x_shape, ctx.has_bias = x.shape, bias is not None
         ctx.owner = owner
         ctx.sign16 = _sign16(kind, x.dtype)
-        if ctx.needs_input_grad[1] and ctx.sign16:
-            xs = torch.matmul(x.detach(), sign_matrix(d, rank, seed, x.device, x.dtype).mul_(_sign_scale(rank)))
-            record_external("sketch", x.numel() * x.element_size(), xs.numel() * xs.element_size())
-        elif ctx.needs_input_grad[1]:
-            s = sketch_matrix(d, rank, seed, kind, x.device, _work(x.dtype))
-            xs = _sketch_rows(x.detach(), s).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            if ctx.sign16:
+                xs = torch.matmul(x.detach(), sign_matrix(d, rank, seed, x.device, x.dtype).mul_(_sign_scale(rank)))
+            else:
+                s = sketch_matrix(d, rank, seed, kind, x.device, _work(x.dtype))
+                xs = _sketch_rows(x.detach(), s).to(x.dtype)
             record_external("sketch", x.numel() * x.element_size(), xs.numel() * xs.element_size())
         else:
             xs = None
