@@ -233,6 +233,8 @@ def test_sign_sketch_of_16_bit_inputs_stays_16_bit(dtype, device, monkeypatch):
     left = g.reshape(-1, d_out).float().t() @ xs.reshape(-1, k).float() / (k * c)
     left_f, right_f = sk.weight.actzip_factors
     assert torch.allclose(left_f, left, rtol=1e-4, atol=1e-4) and torch.equal(right_f, signs.t())
-    # (on CUDA the backward thread's cuBLAS handle may pick another kernel for the same product)
     expect = (left_f @ right_f).to(dtype)
-    assert torch.equal(sk.weight.grad, expect) if device == "cpu" else torch.allclose(sk.weight.grad, expect)
+    if device == "cpu":
+        assert torch.equal(sk.weight.grad, expect)
+    else:  # the backward thread's cuBLAS handle may pick another kernel: a last-bit flip in 16 bits
+        torch.testing.assert_close(sk.weight.grad, expect)

@@ -51,7 +51,7 @@ class QuantKernelBenchConfig:
     sweep_variants: tuple[str, ...] = ("quant4-sr", "quant4-rn", "quant8-sr", "quant8-rn")
     sweep_dtype: str = "bfloat16"
     sweep: tuple[tuple[int, int, int], ...] = (
-        (2048, 2, 4), (4096, 2, 2), (4096, 4, 4), (4096, 4, 8), (8192, 4, 2), (8192, 8, 4), (16384, 8, 4),
+        (2048, 1, 32), (2048, 2, 32), (2048, 2, 4), (4096, 4, 4), (4096, 4, 32), (8192, 2, 16), (16384, 4, 16),
     )  # fmt: skip
 
     def __post_init__(self) -> None:
