@@ -290,3 +290,23 @@ def test_recheck_every_zero_samples_every_time_and_bad_values_fail():
         for _ in range(3):
             rule.when(x)
     assert rule.when.samples == 3
+
+
+def test_a_payload_shared_by_several_saves_is_decoded_once():
+    # q, k and v projections of one input: three saves of one tensor, unpacked one after another in backward.
+    import actzip
+
+    codec = actzip.codecs.get("quant", bits=8, rounding="nearest", kernel="torch")
+    decodes = []
+    decode = codec.decode
+    codec.decode = lambda p: decodes.append(p) or decode(p)
+    projections = nn.ModuleList(nn.Linear(32, 32, bias=False) for _ in range(3))
+    x = torch.randn(16, 32, requires_grad=True)
+    cache = ActivationCache(rules=[Rule("all", lambda t: t.dim() == 2 and not isinstance(t, nn.Parameter), codec)])
+    for _ in range(2):  # the count restarts with each step's own payloads
+        decodes.clear()
+        with cache:
+            h = x.tanh()  # one input for all three (tanh saves its output: the same tensor, a fourth save)
+            loss = sum(p(h).square().sum() for p in projections)
+        loss.backward()
+        assert cache.last.duplicates == 3 and decodes and len({id(p) for p in decodes}) == len(decodes)

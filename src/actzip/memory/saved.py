@@ -35,13 +35,16 @@ class _Saved:
     """What autograd holds in place of a saved tensor: a payload, or the tensor (detached: a node that saves its
     own output would otherwise hold itself through it, a cycle that keeps the whole graph alive)."""
 
-    __slots__ = ("payload", "tensor", "codec", "_decoded", "__weakref__")
+    __slots__ = ("payload", "tensor", "codec", "shares", "_unpacks", "_decoded", "_held", "__weakref__")
 
     def __init__(self, tensor: torch.Tensor | None, payload: Payload | None, codec) -> None:
         self.tensor = tensor
         self.payload = payload
         self.codec = codec
+        self.shares = 1  # saves that hold this object (a tensor saved twice is stored once)
+        self._unpacks = 0
         self._decoded = None  # weak reference to the last decoded tensor, so a double save decodes once
+        self._held = None  # the decoded tensor, kept while saves sharing it have yet to unpack it
 
     def get(self) -> torch.Tensor:
         if self.payload is None:
@@ -50,6 +53,10 @@ class _Saved:
         if t is None:
             t = self.codec.decode(self.payload)
             self._decoded = weakref.ref(t)
+        # Saves sharing one payload unpack it one after another (q, k and v projections of one input): without
+        # a reference between them the first one's decode is freed and each decodes again.
+        self._unpacks += 1
+        self._held = t if self._unpacks < self.shares else None
         return t
 
 
@@ -155,6 +162,8 @@ class ActivationCache:
                     or _same_treatment(self._rule_for(t), self._rule_of.get(id(saved)))
                 )
                 if shareable and not storage_ref.expired():
+                    if type(saved) is _Saved:  # (an offloaded stash is fetched once per unpack anyway)
+                        saved.shares += 1
                     self._account.duplicates += 1
                     self._account.duplicate_bytes += t.numel() * t.element_size()
                     return saved
