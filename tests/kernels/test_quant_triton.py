@@ -25,6 +25,7 @@ from actzip.codecs import quant as Q  # noqa: E402
 from actzip.codecs.quant import FP8Codec, QuantCodec  # noqa: E402
 from actzip.core.errors import ConfigError, InvalidValueError  # noqa: E402
 from actzip.kernels import quant_bits as KB  # noqa: E402
+from actzip.kernels import fp8_triton as F8  # noqa: E402
 from actzip.kernels import quant_triton as K  # noqa: E402
 from actzip.kernels import runtime  # noqa: E402
 
@@ -235,12 +236,12 @@ def test_launch_shapes_make_the_same_bytes(device, dtype):
                 y2 = K.quant_decode(ref["codes"], *params, x.numel(), dtype, bits, gs, absmax, **shape)
                 assert_same_values(y2, y)
         for group in (gs, None) if gs == 128 else ():
-            codes, scale = K.fp8_encode(x, "e4m3", group, True, (5, 6))
-            y = K.fp8_decode(codes, scale, x.numel(), dtype, "e4m3", group)
+            codes, scale = F8.fp8_encode(x, "e4m3", group, True, (5, 6))
+            y = F8.fp8_decode(codes, scale, x.numel(), dtype, "e4m3", group)
             for shape in shapes:
-                c2, s2 = K.fp8_encode(x, "e4m3", group, True, (5, 6), **shape)
+                c2, s2 = F8.fp8_encode(x, "e4m3", group, True, (5, 6), **shape)
                 assert_same_bits(c2, codes) and assert_same_bits(s2, scale)
-                assert_same_values(K.fp8_decode(codes, scale, x.numel(), dtype, "e4m3", group, **shape), y)
+                assert_same_values(F8.fp8_decode(codes, scale, x.numel(), dtype, "e4m3", group, **shape), y)
     with pytest.raises(ConfigError, match="tile must be a power of two"):
         K.quant_encode(x, 4, 128, False, True, tile=3000)
 
@@ -325,7 +326,7 @@ def _absmax_values() -> torch.Tensor:
 
 
 def _run_helpers(x: torch.Tensor, r: torch.Tensor, fmt: str, device):
-    mbits, bias, fmax = K.FP8_LAYOUT[fmt]
+    mbits, bias, fmax = KB.FP8_LAYOUT[fmt]
     top_m, top_e = math.frexp(fmax)
     n = x.numel()
     near, sr = (torch.empty(n, dtype=torch.int32, device=device) for _ in range(2))
@@ -340,7 +341,7 @@ def _run_helpers(x: torch.Tensor, r: torch.Tensor, fmt: str, device):
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_fp8_conversions_and_scale_match_pytorch(device, fmt):
     f8 = Q.FP8_FORMATS[fmt]
-    assert K.FP8_LAYOUT[fmt][2] == torch.finfo(f8).max
+    assert KB.FP8_LAYOUT[fmt][2] == torch.finfo(f8).max
     mag = _magnitudes(f8, torch.finfo(f8).max)
     g = torch.Generator().manual_seed(3)
     for r in (torch.zeros_like(mag, dtype=torch.int32), torch.full_like(mag, 0x7FFF, dtype=torch.int32),
@@ -406,14 +407,14 @@ def test_wrappers_check_their_inputs():
     with pytest.raises(ConfigError, match="contiguous 1-D"):
         K.quant_encode(torch.zeros(4, 4), 4, 8, False, False)
     with pytest.raises(ConfigError, match="float32, float16 and bfloat16"):
-        K.fp8_encode(torch.zeros(4, dtype=torch.float64), "e4m3", None, False)
+        F8.fp8_encode(torch.zeros(4, dtype=torch.float64), "e4m3", None, False)
     with pytest.raises(ConfigError, match="multiple of 8 from 8 to 4096"):
         K.check_group_size(12)
     with pytest.raises(ConfigError, match="codes has 2 elements, the payload needs 8"):
         K.quant_decode(torch.zeros(2, dtype=torch.uint8), torch.zeros(1), torch.zeros(1), 10, torch.float32, 4, 16,
                        False)  # fmt: skip
     with pytest.raises(ConfigError, match="format must be one of"):
-        K.fp8_decode(torch.zeros(2, dtype=torch.uint8), torch.ones(1), 2, torch.float32, "e3m4", None)
+        F8.fp8_decode(torch.zeros(2, dtype=torch.uint8), torch.ones(1), 2, torch.float32, "e3m4", None)
 
 
 # -- CUDA only --------------------------------------------------------------------------------------------

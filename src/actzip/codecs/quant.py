@@ -38,10 +38,10 @@ precision (values below half the largest float32, or float64, in magnitude alway
 overflows is refused, or becomes NaN, the same way.
 
 Stochastic rounding draws its random numbers from a counter-based generator, the same in the PyTorch code and
-in the Triton kernels (:mod:`actzip.kernels.quant_triton`), so both make identical payloads. Elements ``2p``
-and ``2p + 1`` (indices in the padded group layout: group ``g``, position ``j``, ``i = g * group_size + j``)
-share one 32-bit hash ``h = pair_hash(lo32(p + k0), k1 ^ mix32(hi32(p)))`` (:func:`pair_hash`,
-:func:`mix32`) and take its bits 17-31 and 0-14 as 15-bit integers ``r`` (:func:`round_bits`), where
+in the Triton kernels (:mod:`actzip.kernels.quant_triton`, :mod:`actzip.kernels.fp8_triton`), so both make
+identical payloads. Elements ``2p`` and ``2p + 1`` (indices in the padded group layout: group ``g``, position
+``j``, ``i = g * group_size + j``) share one 32-bit hash ``h = pair_hash(lo32(p + k0), k1 ^ mix32(hi32(p)))``
+(:func:`pair_hash`, :func:`mix32`) and take its bits 17-31 and 0-14 as 15-bit integers ``r`` (:func:`round_bits`), where
 ``(k0, k1)`` are two 32-bit keys that :func:`stream_keys` derives on the host from ``(seed, n)`` for the
 codec's ``n``-th stochastic encode (``seed=None`` means 0). ``quant`` rounds ``v`` (plus ``Q`` for absmax) to
 15 fractional bits (``v + 256`` in float32, half to even; float64: half up), then up iff ``r`` plus that
@@ -517,9 +517,9 @@ class FP8Codec(_StochasticCodec):
         group_size = self.group_size if per_group else max(flat.numel(), 1)
         what = f"fp8(format={self.format!r})"
         if self.uses_triton(x.device, x.dtype, self.group_size if per_group else None):
-            from actzip.kernels import quant_triton
+            from actzip.kernels import fp8_triton
 
-            codes, scale = quant_triton.fp8_encode(
+            codes, scale = fp8_triton.fp8_encode(
                 flat, self.format, self.group_size if per_group else None, self.rounding == "stochastic", keys
             )
             if self.check_values:  # the kernels mark a non-finite group's scale NaN
@@ -553,10 +553,10 @@ class FP8Codec(_StochasticCodec):
         n, group_size = p.shape.numel(), p.meta["group_size"]
         per_group = p.buffers["scale"].numel() > 1  # one group decodes like one scale per tensor
         if self.uses_triton(p.device, p.dtype, group_size if per_group else None):
-            from actzip.kernels import quant_triton
+            from actzip.kernels import fp8_triton
 
             b = p.buffers
-            flat = quant_triton.fp8_decode(b["codes"], b["scale"], n, p.dtype, p.meta["format"],
+            flat = fp8_triton.fp8_decode(b["codes"], b["scale"], n, p.dtype, p.meta["format"],
                                            group_size if per_group else None)  # fmt: skip
             return restore_order(flat, p.shape, p.meta["perm"])
         fp8 = FP8_FORMATS[p.meta["format"]]
