@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actzip
-from actzip.codecs.sparse import SparseCodec, entropy_bound, memory_order
+from actzip.codecs.sparse import SparseCodec, entropy_bound, memory_order, memory_rows
 from actzip.core.dtypes import FLOAT_DTYPES, bit_view_dtype
 from actzip.core.errors import (
     ConfigError,
@@ -159,6 +159,19 @@ def test_memory_order_makes_no_copy_for_dense_layouts():
     x = torch.randn(3, 4, 5).permute(2, 0, 1)
     flat, perm = memory_order(x)
     assert flat.data_ptr() == x.data_ptr() and perm is not None
+
+
+def test_memory_rows_stand_for_the_copy_of_a_gapped_view():
+    qkv = torch.randn(2, 5, 3 * 32)  # (batch, tokens, 3 d): q, k, v with 2 heads of 16, heads first
+    q = qkv[..., 32:64].view(2, 5, 2, 16).transpose(1, 2)
+    for view, length in ((q, 32), (qkv[:, :, :64], 64), (qkv[1, :, 8:16], 8)):
+        rows, perm = memory_rows(view, 8)
+        flat, perm_copy = memory_order(view)
+        assert perm == perm_copy and rows.shape[1] == length and rows.data_ptr() == view.data_ptr()
+        assert torch.equal(rows.reshape(-1), flat)
+    assert memory_rows(q, 64) is None  # rows of 32: not whole groups of 64
+    assert memory_rows(qkv, 8) is None and memory_rows(qkv.transpose(0, 1), 8) is None  # dense: no rows needed
+    assert memory_rows(qkv[:, :3, :32], 8) is None and memory_rows(qkv[::2, :, ::2], 8) is None  # uneven gaps
 
 
 def test_format_sizes():

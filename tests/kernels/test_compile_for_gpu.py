@@ -113,15 +113,16 @@ def check_quant_kernels_compile():
     # bfloat16 in and out, packed 4-bit and 8-bit codes, both roundings: the GPU-only paths (HW) included
     from actzip.kernels import quant_triton as qt
 
-    for bits, stochastic in ((4, True), (8, False), (4, False)):
+    for bits, stochastic, rows in ((4, True, False), (8, False, False), (4, False, True)):
         geo = qt.geometry(128, 2, bits)
         geo.pop("num_warps")
         word = {8: "*u8", 16: "*i16", 32: "*i32", 64: "*i64"}[geo["K"] * bits] if bits < 8 else "*u8"
         top = (1 << bits) - 1
         enc = {"x_ptr": "*bf16", "codes_ptr": word, "p0_ptr": "*fp32", "p1_ptr": "*fp32", "n": "i64",
-               "n_rows": "i64", "key0": "i32", "key1": "i32"}
+               "n_rows": "i64", "key0": "i32", "key1": "i32", "row_groups": "i64", "row_stride": "i64"}
         compile_for_hopper(qt.quant_encode_kernel, enc, dict(geo, BITS=bits, TOP=top, OFF=0, ABSMAX=False,
-                                                               STOCHASTIC=stochastic, IN_BF16=True, WIDE=False, HW=True))
+                                                               STOCHASTIC=stochastic, IN_BF16=True, WIDE=False, HW=True,
+                                                               ROWS=rows))  # fmt: skip
         dec = {"codes_ptr": word if bits < 8 else "*i32", "p0_ptr": "*fp32", "p1_ptr": "*fp32", "out_ptr": "*bf16",
                "n": "i64", "n_rows": "i64", "zero": "i32"}
         compile_for_hopper(qt.quant_decode_kernel, dec, dict(geo, BITS=bits, TOP=top, RECIP=1.0 / top, ABSMAX=False,

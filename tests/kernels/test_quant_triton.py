@@ -205,6 +205,26 @@ def test_layouts_empty_and_scalar(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gapped_rows_are_read_in_place_as_the_copy(device, dtype, monkeypatch):
+    # Attention's q, k and v cut from one projection: rows of whole groups with gaps, which the kernel reads where
+    # they lie. Same buffers as the PyTorch path's copy, for every layout the tile may cut (partial last tiles).
+    g = torch.Generator().manual_seed(11)
+    qkv = (torch.randn(3, 7, 3 * 64, generator=g) * 3).to(dtype).to(device)
+    views = [qkv[..., 64:128].view(3, 7, 4, 16).transpose(1, 2), qkv[..., :64], qkv[1, :, 128:], qkv[:, 2:, :64]]
+    seen = []
+    encode = K.quant_encode
+    monkeypatch.setattr(K, "quant_encode", lambda flat, *a, **k: seen.append(flat.dim()) or encode(flat, *a, **k))
+    for i, x in enumerate(views):
+        for bits, scale, rounding, gs in ((4, "minmax", "stochastic", 16), (8, "absmax", "nearest", 32),
+                                          (2, "minmax", "stochastic", 64), (4, "minmax", "nearest", 24)):  # fmt: skip
+            seen.clear()
+            check_paths(quant(bits, scale, rounding, group_size=gs), x)
+            rows = i < 3 and 64 % gs == 0  # the last view's rows are not evenly spaced: copied
+            assert seen and all(d == (2 if rows else 1) for d in seen), (i, gs, seen)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_random_stream_advances_and_matches(device):
     x = torch.randn(300).to(device)
     ref, tri = quant(2, "minmax", "stochastic")("torch"), quant(2, "minmax", "stochastic")("triton")

@@ -1,8 +1,9 @@
 """Lossy codecs: per-group integer quantization (``quant``) and scaled 8-bit floats (``fp8``).
 
 Both work over the tensor's elements in memory order (so a transposed or channels-last tensor is grouped the
-way it lies in memory, and comes back with its strides; a view with gaps is copied in its order of strides and
-comes back dense in that order), split into groups of ``group_size`` elements; the last
+way it lies in memory, and comes back with its strides; a view with gaps is taken in its order of strides and
+comes back dense in that order: copied, or read in place by the Triton kernels when it is rows of whole groups,
+like attention's q, k and v cut from one projection), split into groups of ``group_size`` elements; the last
 group is padded by repeating the last element, which leaves its range unchanged. Arithmetic runs in float32
 (float64 for float64 tensors) and per-group parameters are stored in that precision.
 
@@ -67,7 +68,7 @@ import torch
 
 from actzip.codecs.base import Codec
 from actzip.codecs.bitpack import pack_bits, unpack_bits
-from actzip.codecs.sparse import KERNELS, memory_order, restore_order
+from actzip.codecs.sparse import KERNELS, memory_order, memory_rows, restore_order
 from actzip.core.errors import ConfigError, InvalidValueError
 from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
@@ -343,12 +344,13 @@ class QuantCodec(_StochasticCodec):
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
         self.check(x, name)
         x = x.detach()
-        flat, perm = memory_order(x)
         keys = self._next_keys()
         what = f"quant(scale={self.scale!r})"
         if self.uses_triton(x.device, x.dtype, self.group_size):
             from actzip.kernels import quant_triton
 
+            # A view with gaps made of whole groups' rows (attention's q, k, v) is read in place, not copied.
+            flat, perm = memory_rows(x, self.group_size) or memory_order(x)
             buffers = quant_triton.quant_encode(
                 flat, self.bits, self.group_size, self.scale == "absmax", self.rounding == "stochastic", keys
             )
@@ -356,6 +358,7 @@ class QuantCodec(_StochasticCodec):
                 self._refuse_non_finite(~torch.isfinite(buffers["span" if "span" in buffers else "absmax"]),
                                         flat, name, what)  # fmt: skip
         else:
+            flat, perm = memory_order(x)
             buffers = self._encode_torch(flat, keys, name, what)
         return self._payload(x, perm, buffers, bits=self.bits, group_size=self.group_size, scale=self.scale)
 

@@ -73,6 +73,37 @@ def memory_order(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...] | None]
     return (xp if xp.is_contiguous() else xp.contiguous()).reshape(-1), perm
 
 
+def memory_rows(x: torch.Tensor, multiple: int) -> tuple[torch.Tensor, tuple[int, ...] | None] | None:
+    """A view with gaps as ``(rows, L)`` rows that lie ``S > L`` elements apart, in its order of strides.
+
+    Returns ``(rows, perm)`` when ``x`` is such a view (attention's q, k and v cut from one projection: rows of
+    ``d`` elements, ``3 d`` apart) and ``L`` is a multiple of ``multiple``: ``rows`` read row after row is what
+    :func:`memory_order` would copy, with the same ``perm``, so a kernel can read it in place. ``None`` otherwise.
+    """
+    if x.dim() < 2 or x.numel() == 0 or x.is_contiguous():
+        return None
+    perm = tuple(sorted(range(x.dim()), key=lambda d: (-x.stride(d), d)))
+    xp = x.permute(perm)
+    if xp.is_contiguous():
+        return None
+    shape, stride = xp.shape, xp.stride()
+    j, inner = xp.dim(), 1  # the dense block at the end: the row
+    while j > 0 and (shape[j - 1] == 1 or stride[j - 1] == inner):
+        inner *= shape[j - 1]
+        j -= 1
+    row_stride, rows = None, 1  # the dimensions before it: one run of rows, row_stride apart
+    for d in range(j - 1, -1, -1):
+        if shape[d] == 1:
+            continue
+        row_stride = stride[d] if row_stride is None else row_stride
+        if stride[d] != row_stride * rows:
+            return None
+        rows *= shape[d]
+    if row_stride is None or row_stride <= inner or inner % multiple:
+        return None
+    return x.as_strided((rows, inner), (row_stride, 1)), (None if perm == tuple(range(x.dim())) else perm)
+
+
 def restore_order(flat: torch.Tensor, shape: torch.Size, perm: tuple[int, ...] | None) -> torch.Tensor:
     """Inverse of :func:`memory_order` on a contiguous 1-D tensor."""
     if perm is None:

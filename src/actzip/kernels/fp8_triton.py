@@ -117,7 +117,7 @@ def fp8_encode(
     """The ``fp8`` payload buffers ``(codes, scale)`` of ``flat`` (contiguous 1-D), one scale per
     ``group_size`` elements or, with ``None``, per tensor. Non-finite groups: zero codes, NaN scale.
     ``tile``, ``warps``, ``group_threads``: as for :func:`quant_encode`. No host synchronization."""
-    x, in_bf16 = _input(flat)
+    x, in_bf16, _ = _input(flat)
     consts = _fp8_constants(fmt)
     top_m, top_e = math.frexp(FP8_LAYOUT[fmt][2])
     n = flat.numel()

@@ -88,6 +88,19 @@ def _load_tile(x_ptr, start, offs, n, TILE: tl.constexpr):
 
 
 @triton.jit
+def _load_rows(x_ptr, start, offs, n, row_groups, row_stride, G: tl.constexpr, BG: tl.constexpr):
+    """``_load_tile`` for a view of rows ``row_groups * G`` elements long, ``row_stride`` apart: a group lies in
+    one row, so each has one base address (worked out per group, not per element). Past ``n``: zeros, which only
+    groups that are never stored read (``n`` is whole groups)."""
+    g = start // G + tl.arange(0, BG)
+    row = g // row_groups
+    base = row * row_stride + (g - row * row_groups) * G
+    inner = offs - (tl.arange(0, BG) * G)[None, :, None, None]
+    lim = tl.minimum(n - start, 1 << 30).to(tl.int32)
+    return tl.load(x_ptr + base[None, :, None, None] + inner, mask=offs < lim, other=0.0)
+
+
+@triton.jit
 def _widen(x, IN_BF16: tl.constexpr, HW: tl.constexpr):
     """float32 values of ``x``, exactly. On a GPU a pair of bfloat16 in one register widens in two logic
     instructions (what the compiler emits extracts the high half first)."""
@@ -178,19 +191,23 @@ def _random_bits(start, offs, key0, key1, NS: tl.constexpr, BG: tl.constexpr, CP
 
 @triton.jit(do_not_specialize=["key0", "key1"])
 def quant_encode_kernel(
-    x_ptr, codes_ptr, p0_ptr, p1_ptr, n, n_rows, key0, key1,
+    x_ptr, codes_ptr, p0_ptr, p1_ptr, n, n_rows, key0, key1, row_groups, row_stride,
     G: tl.constexpr, NS: tl.constexpr, BG: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
     TOP: tl.constexpr, OFF: tl.constexpr, ABSMAX: tl.constexpr, STOCHASTIC: tl.constexpr, IN_BF16: tl.constexpr,
-    WIDE: tl.constexpr, HW: tl.constexpr,
+    WIDE: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """Codes and parameters of ``BG`` groups. Oracle: ``QuantCodec._encode_torch`` (``check=False``).
 
     ``p0``/``p1``: ``lo``/``span`` (minmax) or ``absmax`` in ``p0``. ``TOP``: the largest step count (``L`` or
     ``Q``); ``OFF``: the codes' offset (``Q`` or 0). ``codes_ptr``: bytes (``BITS == 8``) or one word per chunk
-    (``K * BITS`` bits). ``WIDE``: a tile may cross a multiple of 2**32 element pairs.
+    (``K * BITS`` bits). ``WIDE``: a tile may cross a multiple of 2**32 element pairs. ``ROWS``: ``x`` is rows of
+    ``row_groups`` groups, ``row_stride`` elements apart (a view with gaps, read in place), else contiguous.
     """
     start, offs, words, chunk_ok = _tile(G, NS, BG, CP, K)
-    xb = _load_tile(x_ptr, start, offs, n, NS * BG * CP * K)
+    if ROWS:
+        xb = _load_rows(x_ptr, start, offs, n, row_groups, row_stride, G, BG)
+    else:
+        xb = _load_tile(x_ptr, start, offs, n, NS * BG * CP * K)
     x = _widen(xb, IN_BF16, HW)
     if IN_BF16:  # reduce the (same) float32 values: the interpreter compares bfloat16 as integers, and Triton 3.6
         # refuses a bfloat16 reduction whose combine function compares (it promotes to float32)
@@ -353,15 +370,22 @@ def _signed(key: int) -> int:
     return key - (1 << 32) if key >= 1 << 31 else key
 
 
-def _input(flat: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def _input(flat: torch.Tensor, group_size: int | None = None) -> tuple[torch.Tensor, bool, tuple[int, int]]:
+    """``(flat, is bfloat16, (row_groups, row_stride))``: a contiguous 1-D tensor (``row_stride`` 0), or with
+    ``group_size`` also a 2-D view of rows of whole groups ``row_stride`` elements apart."""
     if flat.dtype not in _INPUT_DTYPES:
         raise ConfigError(f"quant Triton kernels take float32, float16 and bfloat16 tensors, got {flat.dtype}")
-    if flat.dim() != 1 or not flat.is_contiguous():
-        raise ConfigError(
-            f"quant Triton kernels: the input must be a contiguous 1-D tensor, got shape {tuple(flat.shape)}"
-            f"{'' if flat.is_contiguous() else ' (not contiguous)'}"
-        )
-    return flat, flat.dtype == torch.bfloat16
+    bf16 = flat.dtype == torch.bfloat16
+    if flat.dim() == 1 and flat.is_contiguous():
+        return flat, bf16, (1, 0)
+    if group_size and flat.dim() == 2 and flat.stride(1) == 1 and flat.stride(0) >= flat.shape[1] > 0 \
+            and flat.shape[1] % group_size == 0:  # fmt: skip
+        return flat, bf16, (flat.shape[1] // group_size, flat.stride(0))
+    rows = " or a 2-D view of rows of whole groups (strides (S, 1))" if group_size else ""
+    raise ConfigError(
+        f"quant Triton kernels: the input must be a contiguous 1-D tensor{rows}, got shape {tuple(flat.shape)} "
+        f"strides {flat.stride()}"
+    )
 
 
 def _output(n: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -402,7 +426,11 @@ def quant_encode(
     flat: torch.Tensor, bits: int, group_size: int, absmax: bool, stochastic: bool, keys: tuple[int, int] = (0, 0),
     *, tile: int | None = None, warps: int | None = None, group_threads: int | None = None,
 ) -> dict[str, torch.Tensor]:  # fmt: skip
-    """The ``quant`` payload buffers of ``flat`` (contiguous 1-D): ``codes`` and ``lo``/``span`` or ``absmax``.
+    """The ``quant`` payload buffers of ``flat``: ``codes`` and ``lo``/``span`` or ``absmax``.
+
+    ``flat``: a contiguous 1-D tensor, or a 2-D view of rows of whole groups with gaps between them (strides
+    ``(S, 1)``, ``S`` at least the row's length: a slice of a wider tensor), encoded as its rows one after another
+    without a copy.
 
     ``keys``: the two 32-bit keys of the random stream (``actzip.codecs.quant.stream_keys``), used with
     ``stochastic``. A group holding inf or NaN, or whose range overflows, gets zero codes and NaN parameters.
@@ -411,8 +439,8 @@ def quant_encode(
     """
     if bits not in (1, 2, 4, 8):
         raise ConfigError(f"quant Triton kernels: bits must be one of 1, 2, 4, 8, got {bits!r}")
-    x, in_bf16 = _input(flat)
     g = check_group_size(group_size)
+    x, in_bf16, (row_groups, row_stride) = _input(flat, g)
     n = flat.numel()
     n_groups = -(-n // g)
     dev = flat.device
@@ -425,9 +453,9 @@ def quant_encode(
         grid, opts = _launch(geo, n_groups, n_groups * g)
         top = _top(bits, absmax)
         quant_encode_kernel[grid](
-            x, _words(codes, geo, bits), p0, p1, n, n_groups, _signed(keys[0]), _signed(keys[1]),
-            BITS=bits, TOP=top, OFF=top if absmax else 0, ABSMAX=absmax, STOCHASTIC=stochastic, IN_BF16=in_bf16,
-            **geo, **opts,
+            x, _words(codes, geo, bits), p0, p1, n, n_groups, _signed(keys[0]), _signed(keys[1]), row_groups,
+            row_stride, BITS=bits, TOP=top, OFF=top if absmax else 0, ABSMAX=absmax, STOCHASTIC=stochastic,
+            IN_BF16=in_bf16, ROWS=row_stride > 0, **geo, **opts,
         )  # fmt: skip
     return {"codes": codes, "absmax": p0} if absmax else {"codes": codes, "lo": p0, "span": p1}
 
