@@ -148,7 +148,7 @@ class TanhMul(nn.Module):
         return self.b(h * torch.sigmoid(h) / (h.square() + 1))
 
 
-SAFE_PRESETS = [name for name, p in PRESETS.items() if p.min_nonlinear_bits >= 8]  # all but 4bit
+SAFE_PRESETS = [name for name, p in PRESETS.items() if p.min_nonlinear_bits >= 8]  # all but 4bit and 2bit
 
 
 @pytest.mark.parametrize("preset", SAFE_PRESETS)
@@ -237,7 +237,7 @@ def test_the_4bit_preset_stores_every_float_activation_in_4_bits():
     import torch.nn as nn
 
     assert PRESETS["4bit"].min_nonlinear_bits == 4 and "safety rule" in PRESETS["4bit"].description
-    assert set(PRESETS) - set(SAFE_PRESETS) == {"4bit"}
+    assert set(PRESETS) - set(SAFE_PRESETS) == {"4bit", "2bit"}
     torch.manual_seed(0)
     fc, proj, norm = nn.Linear(64, 256), nn.Linear(256, 64), nn.LayerNorm(64)
     x = torch.randn(512, 64, requires_grad=True)
@@ -260,3 +260,19 @@ def test_saves_under_different_roles_but_the_same_codec_share_one_copy():
     assert not _same_treatment(rules["linear_input:quant4"], rules["nonlinear_input:quant4"])  # sr vs rn
     bal = {r.name: r for r in preset_rules("balanced")}
     assert not _same_treatment(bal["linear_input:quant4"], bal["nonlinear_input:quant8"])
+
+
+def test_the_2bit_preset_takes_linear_inputs_to_2_bits_and_the_rest_to_4():
+    import torch.nn as nn
+
+    assert PRESETS["2bit"].min_nonlinear_bits == 4 and "safety rule" in PRESETS["2bit"].description
+    torch.manual_seed(0)
+    fc, proj, norm = nn.Linear(64, 256), nn.Linear(256, 64), nn.LayerNorm(64)
+    x = torch.randn(512, 64, requires_grad=True)
+    with compressed("2bit", min_bytes=0) as cache:
+        y = proj(torch.nn.functional.gelu(fc(norm(x * 2.0)))).sum()
+    y.backward()
+    by = cache.last.by_rule
+    assert by["linear_input:quant2"].tensors == 2 and by["nonlinear_input:quant4"].tensors == 1, sorted(by)
+    assert by["norm:quant4"].tensors >= 1
+    assert all(n.endswith((":quant2", ":quant4")) for n in by if n != "leaf"), sorted(by)

@@ -24,9 +24,7 @@ the strategies only change what is saved for backward):
   8 / 4 / 2 bits), under a :class:`~actzip.memory.RoleTracker`;
 - ``4bit``: the ``4bit`` preset, every activation at 4 bits but the loss head's (linear inputs and ``other``
   stochastic, the rest nearest; it opts out of the presets' 8-bit safety rule for nonlinear inputs, as ActNN and GACT do);
-- ``2bit``: every role the presets' safety rule lets go lossy: linear inputs at 2 bits (stochastic); nonlinear
-  inputs, attention and norm inputs at 8 bits (nearest); relu outputs lossless sparse; parameters and ``other``
-  (tensors saved outside a known function, e.g. the loss's log-softmax) kept;
+- ``2bit``: the ``2bit`` preset, ``4bit`` with linear inputs and ``other`` at 2 bits (stochastic);
 - ``sketch-d8``: every ``nn.Linear`` but the output head as :class:`~actzip.memory.SketchedLinear` at rank
   ``in_features / 8`` (CompAct-style: a random sketch of each linear input instead of the input).
 
@@ -67,7 +65,7 @@ from actzip.core.errors import ConfigError
 from actzip.memory.presets import DEFAULT_MIN_BYTES, PRESETS
 
 MODELS = ("gpt-relu2", "gpt-gelu", "llama-swiglu")
-_LOSSY_PRESETS = tuple(p for p in PRESETS if p not in ("lossless", "4bit"))  # 4bit: its own strategy below
+_LOSSY_PRESETS = tuple(p for p in PRESETS if p not in ("lossless", "4bit", "2bit"))  # 4bit, 2bit: named below
 STRATEGIES = ("none", "checkpoint", "sparse", *_LOSSY_PRESETS, "4bit", "2bit", "sketch-d8")
 KNOWN_STRATEGIES = (*STRATEGIES, "lossless")
 HEAD = "loss head"  # the float32 log-softmax output the cross entropy keeps (tokens x vocab)
@@ -81,8 +79,7 @@ DESCRIPTIONS = {
     "lossless": "preset lossless (the default rules)",
     **{p: f"preset {p}: {PRESETS[p].description}" for p in _LOSSY_PRESETS},
     "4bit": "preset 4bit: every activation 4-bit but the loss head's (linear inputs and other sr, the rest rn)",
-    "2bit": "every lossy-eligible role: linear inputs 2-bit sr; nonlinear, attention, norm 8-bit rn; "
-            "relu outputs lossless sparse; other kept",
+    "2bit": "preset 2bit: 4bit with linear inputs and other 2-bit sr",
     "sketch-d8": "every nn.Linear but the output head saves x S, S random of rank in_features/8",
 }
 
@@ -256,11 +253,6 @@ def strategy_rules(name: str, cfg: CacheBenchConfig):
     if name == "sparse":
         return default_rules(CacheConfig(min_bytes=cfg.min_bytes))
     opts = {"min_bytes": cfg.min_bytes, "group_size": cfg.group_size, "seed": cfg.seed}
-    if name == "4bit":
-        return preset_rules("4bit", **opts)
-    if name == "2bit":
-        every = {"attention": "quant8-rn", "norm": "quant8-rn"}
-        return preset_rules("aggressive", treatments=every, **opts)
     return preset_rules(name, **opts)
 
 
