@@ -94,6 +94,34 @@ def _kernels_section(path: Path, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _quant_section(path: Path, root: Path) -> str:
+    rec = json.loads(path.read_text())
+    cfg = rec["config"]
+    lines = [
+        "\n## Quant and fp8 kernels: throughput against the copy bandwidth\n",
+        f"{cfg['numel']:,} elements, groups of {cfg['group_size']}; copy bandwidth measured in the same run: "
+        f"{rec['copy_bandwidth'] / 1e12:.2f} TB/s (read + write). Throughput counts the tensor and its payload. "
+        "`exact`: the Triton kernels make the PyTorch codec's payload and decoded bits, checked on "
+        f"{cfg['check_numel']:,} elements (`vs torch`: the kernels' speed-up over the PyTorch codec there).\n",
+        _provenance(rec, path, root) + "\n",
+        "| dtype | variant | × smaller | exact | encode ms | % of copy | decode ms | % of copy | vs torch (enc / dec) |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rec["runs"]:
+        moved = r["dense_bytes"] + r["payload_bytes"]
+        vs = f"{moved / r['encode_s'] / r['torch_encode_bw']:.0f}x / {moved / r['decode_s'] / r['torch_decode_bw']:.0f}x"
+        lines.append(f"| {r['dtype']} | {r['variant']} | {r['ratio']:.2f} | {r['exact']} | {r['encode_s'] * 1e3:.3f} "
+                     f"| {r['encode_frac_copy']:.0%} | {r['decode_s'] * 1e3:.3f} | {r['decode_frac_copy']:.0%} | {vs} |")
+    if rec.get("sweep"):
+        lines += ["", f"Launch shapes ({cfg['sweep_dtype']}; tile, warps, threads per group), % of copy bandwidth, "
+                  "encode / decode; every shape writes the default one's bytes (`same`):", "",
+                  "| variant | shape | encode | decode | same |", "|---|---|---:|---:|---|"]
+        for r in rec["sweep"]:
+            lines.append(f"| {r['variant']} | {r['tile']}, {r['warps']}, {r['group_threads']} | "
+                         f"{r['encode_frac_copy']:.0%} | {r['decode_frac_copy']:.0%} | {r['same_bytes']} |")
+    return "\n".join(lines) + "\n"
+
+
 def _ffn_section(path: Path, root: Path) -> str:
     recs = json.loads(path.read_text())
     recs = recs if isinstance(recs, list) else [recs]
@@ -344,8 +372,8 @@ def _wire_section(path: Path, root: Path) -> str:
 
 def build(root: Path) -> str:
     out = [HEADER]
-    sections = [("kernels.json", _kernels_section), ("ffn*.json", _ffn_section), ("gpt*.json", _gpt_section),
-                ("bits.json", _bits_section)]
+    sections = [("kernels.json", _kernels_section), ("quant.json", _quant_section), ("ffn*.json", _ffn_section),
+                ("gpt*.json", _gpt_section), ("bits.json", _bits_section)]
     for machine_dir in sorted(p for p in (root / "results").glob("*") if p.is_dir() and p.name != "demo"):
         for pattern, fn in sections:
             out.extend(fn(p, root) for p in sorted(machine_dir.glob(pattern)))
