@@ -431,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     pb.add_argument("--activation", choices=["relu", "relu2", "gelu", "swiglu"],
                     help="the reference GPT's MLP activation, or swiglu: a HuggingFace Llama of the same size")
     pb.add_argument("--presets", help="comma-separated (default lossless,conservative,balanced,aggressive; "
-                    "also 4bit, and sketch-d8: rank-d/8 sketches of the linear inputs)")
+                    "also 4bit, 2bit and sketch-d8: rank-d/8 sketches of the linear inputs)")
     pb.add_argument("--steps", type=int)
     pb.add_argument("--batch-size", type=int, dest="batch_size")
     pb.add_argument("--device")

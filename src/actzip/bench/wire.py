@@ -67,7 +67,7 @@ class WireBenchConfig:
     seed: int = 0  # weights, batches and codec noise
     dataset_windows: int | None = 4096  # fixed training set of this many windows (delta needs repeats); None: fresh
     corpus_bytes: int = 4_000_000  # bytes of the embedded corpus read
-    eval_batches: int = 4  # validation batches at the end
+    eval_batches: int = 4  # validation batches, after `steps` steps (equal tokens)
     smooth: float = 0.1  # final loss = mean training loss of the last smooth * steps steps
     target_steps: float = 2.0  # a run short of dense's final loss at `steps` trains on, up to this many times steps
     threads: int | None = 1  # CPU intra-op threads while training (None: leave torch's setting)
@@ -263,27 +263,33 @@ def train_entry(cfg: WireBenchConfig, entry: str, device: torch.device, corpus: 
     batches = Batches(corpus, cfg.batch_size, gcfg.block_size, cfg.seed, cfg.dataset_windows)
     window = max(1, round(cfg.smooth * cfg.steps))
     limit = cfg.steps if target is None else max(cfg.steps, round(cfg.target_steps * cfg.steps))
+    val = None
     for step in range(limit):
+        if step == cfg.steps:  # validation at equal tokens, before a run short of the target trains on
+            val = _val_loss(pipe, corpus, cfg, device)
         if step >= cfg.steps and statistics.fmean(pipe.losses[-window:]) <= target:
             break
         x, y, ids = batches(step)
         pipe.train_step(x.to(device), y.to(device), ids)
         if progress is not None:
             progress(entry, step)
-    g = torch.Generator().manual_seed(1234)
-    val = []
-    for _ in range(cfg.eval_batches):
-        x, y = corpus.get_batch("val", cfg.batch_size, gcfg.block_size, generator=g)
-        val.append(pipe.eval_loss(x.to(device), y.to(device)))
+    val = _val_loss(pipe, corpus, cfg, device) if val is None else val
     tokens = cfg.steps * cfg.batch_size * gcfg.block_size  # equal tokens: the first `steps` steps
     boundaries = cfg.stages - 1
     acts = pipe.actions
     fwd_b = sum(a.send_bytes for a in acts if a.kind == "F" and a.step < cfg.steps)
     bwd_b = sum(a.send_bytes for a in acts if a.kind == "B" and a.step < cfg.steps)
     return {"entry": entry, "compressor": name, "ratio": ratio, "fwd_codec": fwd, "bwd_codec": bwd,
-            "losses": pipe.losses, "val_loss": sum(val) / len(val), "actions": acts, "tokens": tokens,
+            "losses": pipe.losses, "val_loss": val, "actions": acts, "tokens": tokens,
             "bytes_per_token_fwd": fwd_b / (tokens * boundaries), "bytes_per_token_bwd": bwd_b / (tokens * boundaries),
             "wire_bytes_checked": sum(m.total("sent", "fwd") + m.total("sent", "bwd") for m in pipe.meters())}
+
+
+def _val_loss(pipe, corpus, cfg, device) -> float:
+    g = torch.Generator().manual_seed(1234)  # the same held-out batches for every entry
+    batches = (corpus.get_batch("val", cfg.batch_size, cfg.gpt_config().block_size, generator=g)
+               for _ in range(cfg.eval_batches))  # fmt: skip
+    return statistics.fmean(pipe.eval_loss(x.to(device), y.to(device)) for x, y in batches)
 
 
 def _median_step(ends: list[float] | None) -> float | None:
