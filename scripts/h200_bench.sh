@@ -4,7 +4,8 @@
 #   stages: tests kernels ffn gpt bits demo quant cache lora wire (default: all; more than 10 minutes in all),
 #   ffn-fp8, ffn16k (two runs of the ffn sweep), lora-variants (CARE with extra sketch columns and a power
 #   iteration), lora-constant (the constant learning rate, for the spread it gives), cache-wide (the lossy cache
-#   at d=4096), cache-chunk1024 (the 124M models with 1024-token loss chunks), and wire-nccl (2 GPUs)
+#   at d=4096), cache-chunk1024 (the 124M models with 1024-token loss chunks), cache-2bit (the 2bit preset at
+#   both widths), wire-anchors (stiefel with full-rank anchors, 124M) and wire-nccl (2 GPUs)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -47,10 +48,19 @@ for stage in $stages; do
       --strategies none,checkpoint,sparse,4bit,sketch-d8 --rounds 8 --json "$out/cache-d4096x4.json" ;;
     cache-chunk1024) az bench cache --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
       --strategies none,4bit,sketch-d8 --rounds 8 --json "$out/cache-chunk1024.json" ;;
+    cache-2bit)  # the 2bit preset next to 4bit, at both widths
+      az bench cache --gpt-preset d4096x4 --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
+        --strategies none,4bit,2bit --rounds 8 --json "$out/cache-d4096x4-2bit.json"
+      az bench cache --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
+        --strategies none,4bit,2bit --rounds 8 --json "$out/cache-chunk1024-2bit.json" ;;
     lora) az bench lora --config h200 --json "$out/lora.json" ;;  # 3 runs per method, ~8 minutes
     lora-variants) az bench lora --config h200 --methods lora,care,care+48p1 --json "$out/lora-cosine.json" ;;
     lora-constant) az bench lora --config h200 --steps 100 --lr-schedule constant --methods lora,fa,care \
       --json "$out/lora-seeds.json" ;;
+    wire-anchors)  # stiefel with full-rank anchors and a slower Stiefel step, the 124M GPT in 2 stages
+      az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
+        --steps 300 --target-steps 2 --compressors dense,stiefel:16,stiefel-rvq:100 \
+        --boundary anchor_rank=768,lr=1e-4 --json "$out/wire-anchors-124m.json" ;;
     wire) az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 4 --batch-size 32 --microbatches 8 \
             --steps 600 --json "$out/wire.json" ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
