@@ -310,3 +310,15 @@ def test_a_payload_shared_by_several_saves_is_decoded_once():
             loss = sum(p(h).square().sum() for p in projections)
         loss.backward()
         assert cache.last.duplicates == 3 and decodes and len({id(p) for p in decodes}) == len(decodes)
+
+
+def test_a_codec_error_names_the_saved_tensor():
+    import actzip
+    from actzip.core.errors import InvalidValueError
+
+    codec = actzip.codecs.get("quant", bits=8, kernel="torch")  # check=True: inf/NaN refused
+    cache = ActivationCache(rules=[Rule("all", lambda t: t.dim() == 2 and t.shape[0] == 4, codec)])
+    x = torch.tensor([[1.0, float("nan")] * 4] * 4, requires_grad=True)
+    with pytest.raises(InvalidValueError, match=r"saved tensor \(4, 8\) torch.float32 has 16 of 32 elements non-finite"):
+        with cache:
+            x.exp()

@@ -401,12 +401,17 @@ def _need(what: str, t: torch.Tensor, count: int) -> None:
         raise ConfigError(f"quant Triton kernels: {what} has {t.numel()} elements, the payload needs {count}")
 
 
-def _words(codes: torch.Tensor, geo: dict, bits: int, decode: bool = False) -> torch.Tensor:
-    # Packed codes move one word per chunk (8-bit ones decode from int32): the same bytes, little-endian (a
-    # misaligned view is copied first).
+def _word(geo: dict, bits: int, decode: bool = False) -> torch.dtype | None:
+    """The dtype packed codes move in: one word per chunk (8-bit codes as bytes, decoded from int32)."""
     if bits == 8 and not decode:
+        return None
+    return torch.int32 if bits == 8 else _WORD[geo["K"] * bits]
+
+
+def _words(codes: torch.Tensor, word: torch.dtype | None) -> torch.Tensor:
+    # The same bytes, little-endian, as ``word``s (a misaligned view is copied first).
+    if word is None:
         return codes
-    word = torch.int32 if bits == 8 else _WORD[geo["K"] * bits]
     if codes.data_ptr() % word.itemsize or not codes.is_contiguous():
         codes = codes.contiguous().clone()
     return codes.view(word)  # whole words: a group's codes are a multiple of a chunk's
@@ -448,14 +453,11 @@ def quant_encode(
     p0 = torch.empty(n_groups, dtype=torch.float32, device=dev)
     p1 = p0 if absmax else torch.empty_like(p0)
     if n_groups:
-        shape = QUANT_ENCODE_SHAPE_8BIT if bits == 8 else QUANT_ENCODE_SHAPE
-        geo = geometry(g, flat.element_size(), bits, *_shape(shape, tile, warps, group_threads))
-        grid, opts = _launch(geo, n_groups, n_groups * g)
-        top = _top(bits, absmax)
+        grid, word, consts = _encode_plan(n, flat.element_size(), bits, g, absmax, stochastic, in_bf16,
+                                          row_stride > 0, tile, warps, group_threads)  # fmt: skip
         quant_encode_kernel[grid](
-            x, _words(codes, geo, bits), p0, p1, n, n_groups, _signed(keys[0]), _signed(keys[1]), row_groups,
-            row_stride, BITS=bits, TOP=top, OFF=top if absmax else 0, ABSMAX=absmax, STOCHASTIC=stochastic,
-            IN_BF16=in_bf16, ROWS=row_stride > 0, **geo, **opts,
+            x, _words(codes, word), p0, p1, n, n_groups, _signed(keys[0]), _signed(keys[1]), row_groups, row_stride,
+            **consts,
         )  # fmt: skip
     return {"codes": codes, "absmax": p0} if absmax else {"codes": codes, "lo": p0, "span": p1}
 
@@ -474,13 +476,39 @@ def quant_decode(
     _need("codes", codes, n_groups * g * bits // 8)
     _need("the group parameters", p0, n_groups)
     if n_groups:
-        geo = geometry(g, out.element_size(), bits, *_shape(QUANT_DECODE_SHAPE, tile, warps, group_threads))
-        grid, opts = _launch(geo, n_groups, n_groups * g)
-        top = _top(bits, absmax)
-        opts.pop("WIDE")
+        grid, word, consts = _decode_plan(n, out.element_size(), bits, g, absmax, out_bf16, tile, warps,
+                                          group_threads)  # fmt: skip
         quant_decode_kernel[grid](
-            _words(codes[: n_groups * g * bits // 8], geo, bits, decode=True), p0, p0 if p1 is None else p1,
-            out_k, n, n_groups, 0,
-            BITS=bits, TOP=top, RECIP=_reciprocal(top), ABSMAX=absmax, OUT_BF16=out_bf16, **geo, **opts,
+            _words(codes[: n_groups * g * bits // 8], word), p0, p0 if p1 is None else p1, out_k, n, n_groups, 0,
+            **consts,
         )  # fmt: skip
     return out
+
+
+# Launch plans (grid, word dtype of the codes, compile-time arguments), worked out once per tensor size and
+# options: activations repeat their sizes every step, and this is Python time on every save and unpack.
+
+
+@functools.lru_cache(maxsize=1024)
+def _encode_plan(n: int, elem_bytes: int, bits: int, g: int, absmax: bool, stochastic: bool, in_bf16: bool,
+                 rows: bool, tile, warps, group_threads) -> tuple:  # fmt: skip
+    shape = QUANT_ENCODE_SHAPE_8BIT if bits == 8 else QUANT_ENCODE_SHAPE
+    geo = geometry(g, elem_bytes, bits, *_shape(shape, tile, warps, group_threads))
+    n_groups = -(-n // g)
+    grid, opts = _launch(geo, n_groups, n_groups * g)
+    top = _top(bits, absmax)
+    consts = dict(BITS=bits, TOP=top, OFF=top if absmax else 0, ABSMAX=absmax, STOCHASTIC=stochastic,
+                  IN_BF16=in_bf16, ROWS=rows, **geo, **opts)  # fmt: skip
+    return grid, _word(geo, bits), consts
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_plan(n: int, elem_bytes: int, bits: int, g: int, absmax: bool, out_bf16: bool, tile, warps,
+                 group_threads) -> tuple:  # fmt: skip
+    geo = geometry(g, elem_bytes, bits, *_shape(QUANT_DECODE_SHAPE, tile, warps, group_threads))
+    n_groups = -(-n // g)
+    grid, opts = _launch(geo, n_groups, n_groups * g)
+    opts.pop("WIDE")
+    top = _top(bits, absmax)
+    consts = dict(BITS=bits, TOP=top, RECIP=_reciprocal(top), ABSMAX=absmax, OUT_BF16=out_bf16, **geo, **opts)
+    return grid, _word(geo, bits, decode=True), consts

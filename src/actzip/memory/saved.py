@@ -60,6 +60,19 @@ class _Saved:
         return t
 
 
+class _Name:
+    """A saved tensor's name in a codec's error message, formatted only when one is raised (a save's host time
+    is the step time of a small model)."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape, self.dtype = t.shape, t.dtype
+
+    def __str__(self) -> str:
+        return f"saved tensor {tuple(self.shape)} {self.dtype}"
+
+
 _ACTIVE: list["ActivationCache"] = []  # caches whose `with` block is open, innermost last
 
 
@@ -188,7 +201,7 @@ class ActivationCache:
             if rule.matches(t):
                 name, saved, stored = rule.name, _Saved(t.detach(), None, None), dense
                 if rule.codec is not None:
-                    payload = rule.codec.encode(t, name=f"saved tensor {tuple(t.shape)} {t.dtype}")
+                    payload = rule.codec.encode(t, name=_Name(t))
                     if payload.nbytes >= dense:  # no gain: keep the tensor, drop the payload
                         name = "incompressible"
                     else:
