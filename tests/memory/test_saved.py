@@ -319,6 +319,7 @@ def test_a_codec_error_names_the_saved_tensor():
     codec = actzip.codecs.get("quant", bits=8, kernel="torch")  # check=True: inf/NaN refused
     cache = ActivationCache(rules=[Rule("all", lambda t: t.dim() == 2 and t.shape[0] == 4, codec)])
     x = torch.tensor([[1.0, float("nan")] * 4] * 4, requires_grad=True)
-    with pytest.raises(InvalidValueError, match=r"saved tensor \(4, 8\) torch.float32 has 16 of 32 elements non-finite"):
+    message = r"saved tensor \(4, 8\) torch.float32 has 16 of 32 elements non-finite"
+    with pytest.raises(InvalidValueError, match=message):
         with cache:
             x.exp()
