@@ -202,10 +202,11 @@ class ActivationCache:
                 name, saved, stored = rule.name, _Saved(t.detach(), None, None), dense
                 if rule.codec is not None:
                     payload = rule.codec.encode(t, name=_Name(t))
-                    if payload.nbytes >= dense:  # no gain: keep the tensor, drop the payload
+                    nbytes = payload.nbytes
+                    if nbytes >= dense:  # no gain: keep the tensor, drop the payload
                         name = "incompressible"
                     else:
-                        saved, stored = _Saved(None, payload, rule.codec), payload.nbytes
+                        saved, stored = _Saved(None, payload, rule.codec), nbytes
                 if rule.offload is not None:  # to pinned CPU memory; `stored` becomes the device bytes kept
                     saved, stored = rule.offload.stash(saved, stored)
                 self._account.add(name, dense, stored)
