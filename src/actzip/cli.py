@@ -278,7 +278,8 @@ def _bench_wire(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from actzip.bench.wire import QUICK, WireBenchConfig, plot, render, run_wire
+    from actzip.bench.wire import QUICK, WireBenchConfig, run_wire
+    from actzip.bench.wire_render import plot, render
 
     cfg = _config(WireBenchConfig, args)
     if args.quick:  # the quick settings, except where an option was given
