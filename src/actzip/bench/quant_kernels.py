@@ -158,8 +158,9 @@ def run_quant_kernels(cfg: QuantKernelBenchConfig, device: torch.device) -> dict
             t_enc, t_dec, payload = _encode_decode_times(tri, x)
             t_ref_enc, t_ref_dec, small_payload = _encode_decode_times(ref, small)
             moved, small_moved = dense + payload, small_dense + small_payload
+            exact = _exact(*_codecs(variant, cfg.group_size), small)
             rows.append({
-                "dtype": dname, "variant": variant, "numel": x.numel(), "exact": _exact(*_codecs(variant, cfg.group_size), small),
+                "dtype": dname, "variant": variant, "numel": x.numel(), "exact": exact,
                 "payload_bytes": payload, "dense_bytes": dense, "ratio": dense / payload,
                 "encode_s": t_enc, "decode_s": t_dec,
                 "encode_bw": moved / t_enc, "decode_bw": moved / t_dec,

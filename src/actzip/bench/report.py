@@ -104,14 +104,16 @@ def _quant_section(path: Path, root: Path) -> str:
         "`exact`: the Triton kernels make the PyTorch codec's payload and decoded bits, checked on "
         f"{cfg['check_numel']:,} elements (`vs torch`: the kernels' speed-up over the PyTorch codec there).\n",
         _provenance(rec, path, root) + "\n",
-        "| dtype | variant | × smaller | exact | encode ms | % of copy | decode ms | % of copy | vs torch (enc / dec) |",
+        "| dtype | variant | × smaller | exact | encode ms | % of copy | decode ms | % of copy "
+        "| vs torch (enc / dec) |",
         "|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in rec["runs"]:
         moved = r["dense_bytes"] + r["payload_bytes"]
-        vs = f"{moved / r['encode_s'] / r['torch_encode_bw']:.0f}x / {moved / r['decode_s'] / r['torch_decode_bw']:.0f}x"
-        lines.append(f"| {r['dtype']} | {r['variant']} | {r['ratio']:.2f} | {r['exact']} | {r['encode_s'] * 1e3:.3f} "
-                     f"| {r['encode_frac_copy']:.0%} | {r['decode_s'] * 1e3:.3f} | {r['decode_frac_copy']:.0%} | {vs} |")
+        enc, dec = moved / r["encode_s"] / r["torch_encode_bw"], moved / r["decode_s"] / r["torch_decode_bw"]
+        lines.append(f"| {r['dtype']} | {r['variant']} | {r['ratio']:.2f} | {r['exact']} | "
+                     f"{r['encode_s'] * 1e3:.3f} | {r['encode_frac_copy']:.0%} | {r['decode_s'] * 1e3:.3f} | "
+                     f"{r['decode_frac_copy']:.0%} | {enc:.0f}x / {dec:.0f}x |")
     if rec.get("sweep"):
         lines += ["", f"Launch shapes ({cfg['sweep_dtype']}; tile, warps, threads per group), % of copy bandwidth, "
                   "encode / decode; every shape writes the default one's bytes (`same`):", "",

@@ -2,8 +2,7 @@
 launch shapes and device helpers that the ``fp8`` kernels (:mod:`actzip.kernels.fp8_triton`) share.
 
 Encoding is one kernel launch, one program per tile of whole groups; decoding is one launch of the same
-layout. Buffers are sized from the shape alone and nothing waits for
-the device: no host synchronization.
+layout. Buffers are sized from the shape alone and nothing waits for the device: no host synchronization.
 
 The kernels are bound by instructions per element, not memory, so the layout serves the instruction count. A
 tile is a ``[NS, BG, CP, K]`` block: ``BG`` groups (rows), each cut into ``NS * CP`` chunks of ``K`` elements
@@ -24,8 +23,8 @@ operation (the one ``tl.fma`` multiplies by a power of two, exactly, so it round
 multiply then subtract). Integer codes become floats by or-ing exponent bits, not by conversions. bfloat16
 widens exactly (two logic instructions per pair of elements on a GPU) and is written by the hardware's
 round-to-nearest-even conversion on a GPU and by moving bits under the interpreter, whose float32 -> bfloat16
-conversion and bfloat16 comparisons differ from PyTorch's (``HW`` selects). A -0.0 group parameter is stored as +0.0
-(``x + 0.0``), and a group holding inf or NaN (or whose range overflows) gets zero codes and NaN parameters.
+conversion and bfloat16 comparisons differ from PyTorch's (``HW`` selects). A -0.0 group parameter is stored as
++0.0 (``x + 0.0``), and a group holding inf or NaN (or whose range overflows) gets zero codes and NaN parameters.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ DEFAULT_TILE = 4096  # elements per program (fp8; quant takes the shapes below)
 DEFAULT_GROUP_THREADS = 4  # threads sharing one group (when the group allows it)
 # Default (tile, warps, group_threads) of the quant kernels, the fastest of `actzip bench quant`'s launch-shape
 # sweep on an H200 for bfloat16 and float32 tensors: every chunk of a group on its own thread, small programs.
-# 4-bit bfloat16 went from 58% / 46% of the copy bandwidth (encode / decode, the fp8 shape) to 79% / 81%.
+# 4-bit bfloat16 went from 58% / 46% of the copy bandwidth (encode / decode, the fp8 shape) to 82% / 84%.
 QUANT_ENCODE_SHAPE = (2048, 1, 32)
 QUANT_ENCODE_SHAPE_8BIT = (4096, 4, 4)  # 8-bit codes encode fastest with fewer threads per group
 QUANT_DECODE_SHAPE = (2048, 2, 32)
