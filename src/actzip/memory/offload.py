@@ -37,6 +37,7 @@ import torch
 
 from actzip.codecs.sparse import memory_order, restore_order
 from actzip.core.errors import ConfigError
+from actzip.memory.handout import Handout
 
 
 @dataclass
@@ -92,13 +93,14 @@ def _announce_kept(device_type: str) -> None:
         )
 
 
-class _Stash:
+class _Stash(Handout):
     """What autograd holds for an offloaded tensor or payload: host buffers and how to rebuild it."""
 
-    __slots__ = ("__weakref__", "_decoded", "codec", "copied", "dev", "device", "host", "nbytes", "owner",
+    __slots__ = ("__weakref__", "codec", "copied", "dev", "device", "host", "nbytes", "owner",
                  "payload", "perm", "prev", "ready", "shape")  # fmt: skip
 
     def __init__(self, owner, codec, payload, shape, perm, device, host, copied) -> None:
+        super().__init__()
         self.owner = owner  # the Offloader
         self.codec = codec  # decodes the payload; None for a tensor kept as is (the cache's dedup reads it)
         self.payload = payload  # the payload without its buffers, or None
@@ -110,18 +112,17 @@ class _Stash:
         self.ready = None  # event: those copies are complete
         self.prev = None  # weak reference to the stash stored just before this one
         self.nbytes = sum(h.numel() * h.element_size() for h in host.values())
-        self._decoded = None  # weak reference to the last tensor handed out: a double save loads once
 
     def get(self) -> torch.Tensor:
-        t = self._decoded() if self._decoded is not None else None
-        if t is None:
-            bufs = self.owner._load(self)
-            if self.payload is None:
-                t = restore_order(bufs["tensor"], self.shape, self.perm)
-            else:
-                t = self.codec.decode(dataclasses.replace(self.payload, buffers=bufs))
-            self._decoded = weakref.ref(t)
-            self.owner._prefetch_before(self)
+        return self.hand_out(self._rebuild)  # a save shared by several ops loads once
+
+    def _rebuild(self) -> torch.Tensor:
+        bufs = self.owner._load(self)
+        if self.payload is None:
+            t = restore_order(bufs["tensor"], self.shape, self.perm)
+        else:
+            t = self.codec.decode(dataclasses.replace(self.payload, buffers=bufs))
+        self.owner._prefetch_before(self)
         return t
 
     def __del__(self) -> None:
@@ -214,8 +215,7 @@ class Offloader:
             node = node.prev() if node.prev is not None else None
             if node is None:
                 return
-            live = node._decoded() if node._decoded is not None else None
-            if node.dev is None and live is None and node.device == stash.device:
+            if node.dev is None and node.last() is None and node.device == stash.device:
                 self._prefetch(node)
 
     def _prefetch(self, node: _Stash) -> None:

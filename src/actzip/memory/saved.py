@@ -27,37 +27,27 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from actzip.core.payload import Payload
 from actzip.memory.account import StepAccount
+from actzip.memory.handout import Handout
 from actzip.memory.roles import role_query
 from actzip.memory.rules import CacheConfig, Rule, count_only_rules, default_rules
 
 
-class _Saved:
+class _Saved(Handout):
     """What autograd holds in place of a saved tensor: a payload, or the tensor (detached: a node that saves its
     own output would otherwise hold itself through it, a cycle that keeps the whole graph alive)."""
 
-    __slots__ = ("payload", "tensor", "codec", "shares", "_unpacks", "_decoded", "_held", "__weakref__")
+    __slots__ = ("payload", "tensor", "codec", "__weakref__")
 
     def __init__(self, tensor: torch.Tensor | None, payload: Payload | None, codec) -> None:
+        super().__init__()
         self.tensor = tensor
         self.payload = payload
         self.codec = codec
-        self.shares = 1  # saves that hold this object (a tensor saved twice is stored once)
-        self._unpacks = 0
-        self._decoded = None  # weak reference to the last decoded tensor, so a double save decodes once
-        self._held = None  # the decoded tensor, kept while saves sharing it have yet to unpack it
 
     def get(self) -> torch.Tensor:
         if self.payload is None:
             return self.tensor
-        t = self._decoded() if self._decoded is not None else None
-        if t is None:
-            t = self.codec.decode(self.payload)
-            self._decoded = weakref.ref(t)
-        # Saves sharing one payload unpack it one after another (q, k and v projections of one input): without
-        # a reference between them the first one's decode is freed and each decodes again.
-        self._unpacks += 1
-        self._held = t if self._unpacks < self.shares else None
-        return t
+        return self.hand_out(lambda: self.codec.decode(self.payload))
 
 
 class _Name:
@@ -175,8 +165,7 @@ class ActivationCache:
                     or _same_treatment(self._rule_for(t), self._rule_of.get(id(saved)))
                 )
                 if shareable and not storage_ref.expired():
-                    if type(saved) is _Saved:  # (an offloaded stash is fetched once per unpack anyway)
-                        saved.shares += 1
+                    saved.shares += 1  # rebuilt once for all of them (actzip.memory.handout)
                     self._account.duplicates += 1
                     self._account.duplicate_bytes += t.numel() * t.element_size()
                     return saved
