@@ -477,7 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--block-size", type=int, dest="block_size")
     wb.add_argument("--stages", type=int, help="pipeline stages (default 2)")
     wb.add_argument("--compressors", help="comma-separated name:ratio entries (dense, quant:8, mask:8, topk:8, "
-                    "delta:8, subspace:100, bottleneck:100, stiefel:16, stiefel-rvq:100, ...)")
+                    "delta:8, subspace:100, bottleneck:100, stiefel:16, stiefel-rvq:100, ...), each optionally "
+                    "with its own learning rate: subspace:100@2e-3 (several dense entries: the best sets the target)")
     wb.add_argument("--boundary", help="boundary config overrides for every stage compressor, e.g. "
                     "anchor_rank=256,lr=1e-4 (StiefelConfig, SubspaceConfig, BottleneckConfig fields)")
     wb.add_argument("--bwd-codec", dest="bwd_codec", help="backward codec spec for the byte codecs (default: "
@@ -490,6 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--steps", type=int)
     wb.add_argument("--lr", type=float)
     wb.add_argument("--seed", type=int)
+    wb.add_argument("--matmul-precision", dest="matmul_precision", choices=["highest", "high", "medium"],
+                    help="float32 matmuls: highest (default) or high (TF32 on GPUs with it)")
     wb.add_argument("--dataset-windows", type=int, dest="dataset_windows",
                     help="train on a fixed set of this many windows (delta needs repeated samples)")
     wb.add_argument("--target-steps", type=float, dest="target_steps",

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from actzip.bench.wire import QUICK, WireBenchConfig, codec_specs, parse_entry
+from actzip.bench.wire import QUICK, WireBenchConfig, codec_specs, entry_lr, parse_entry, pipeline_config
 from actzip.cli import main
 from actzip.core.errors import ConfigError
 
@@ -50,6 +50,39 @@ def test_entries_and_codecs():
             parse_entry(bad)
     with pytest.raises(ConfigError, match="stages=2"):
         WireBenchConfig(mode="netns", stages=3)
+    with pytest.raises(ConfigError, match="matmul_precision"):
+        WireBenchConfig(matmul_precision="tf32")
+    with pytest.raises(ConfigError, match="repeats"):
+        WireBenchConfig(compressors=("dense", "dense"))
+
+
+def test_an_entry_may_carry_its_own_learning_rate():
+    assert parse_entry("subspace:100@2e-3") == ("subspace", 100.0) and parse_entry("dense@3e-4") == ("dense", 1.0)
+    assert entry_lr("subspace:100@2e-3", 1e-3) == 2e-3 and entry_lr("subspace:100", 1e-3) == 1e-3
+    cfg = WireBenchConfig(compressors=("dense@3e-4", "dense", "stiefel:16@6e-4"), lr=1e-3)
+    assert [pipeline_config(cfg, e).lr for e in cfg.compressors] == [3e-4, 1e-3, 6e-4]
+    for bad in ("dense@", "dense@x", "dense@0", "dense@nan", "stiefel:16@2"):
+        with pytest.raises(ConfigError, match="learning rate"):
+            parse_entry(bad)
+
+
+def test_a_learning_rate_sweep_measures_every_entry_against_the_best_dense_run(tmp_path, monkeypatch):
+    from actzip.bench.wire import run_wire
+
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    cfg = WireBenchConfig(model="tiny", n_layer=2, n_embd=32, n_head=2, block_size=16, batch_size=4, microbatches=2,
+                          steps=12, dataset_windows=16, corpus_bytes=100_000, eval_batches=1, target_steps=1.5,
+                          compressors=("dense@1e-5", "quant:8@3e-3", "dense@3e-3"), bandwidths=(200.0,),
+                          matmul_precision="high")
+    rec = run_wire(cfg, torch.device("cpu"))
+    assert torch.get_float32_matmul_precision() == "highest"  # restored
+    runs = {r["entry"]: r for r in rec["runs"] if r["bandwidth_mbps"] == 200.0}
+    slow, fast = runs["dense@1e-5"], runs["dense@3e-3"]
+    assert fast["final_loss"] < slow["final_loss"]  # 1e-5 barely moves in 12 steps
+    assert rec["target_loss"] == fast["final_loss"] and fast["loss_gap"] == 0.0 and slow["loss_gap"] > 0
+    assert fast["speedup_to_target"] == 1.0 and slow["time_to_target_s"] is None
+    assert slow["steps_run"] == 12  # a dense entry never trains on towards another's loss
+    assert (fast["lr"], slow["lr"], runs["quant:8@3e-3"]["lr"]) == (3e-3, 1e-5, 3e-3)
     assert set(QUICK) <= set(WireBenchConfig.__dataclass_fields__)
 
 

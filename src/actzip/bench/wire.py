@@ -5,7 +5,9 @@ same batches once per compressor entry: ``dense``, the byte codecs applied to th
 ``mask``, ``topk``, ``delta``) and the stage-boundary compressors built into the stages
 (:func:`actzip.wire.stages.build_stages`: ``subspace``, ``bottleneck``, ``stiefel``, ``stiefel-rvq``). An entry is
 ``name:ratio`` (``quant:8``, ``stiefel:16``); the ratio is the nominal forward compression of float32
-activations, and the measured one is reported next to it.
+activations, and the measured one is reported next to it. ``name:ratio@lr`` trains that entry at its own AdamW
+learning rate, so one run can sweep rates and compare each entry at its best: with several dense entries the
+target and every gap are the best dense run's.
 
 Every run records each stage's actions with measured compute times and exact bytes on the wire, then
 :func:`actzip.wire.link.simulate` replays the schedule over links of each bandwidth (same latency each way):
@@ -77,6 +79,9 @@ class WireBenchConfig:
     # boundary config overrides for every stage-compressor entry ("anchor_rank=256,lr=1e-4"; dense and the byte
     # codecs ignore them); a field some such entry lacks is an error
     boundary: str = ""
+    # float32 matmul precision while training: "highest" (true float32), "high" (TF32 tensor cores on GPUs that
+    # have them: several times faster, the usual training setting) or "medium"
+    matmul_precision: str = "highest"
 
     def __post_init__(self) -> None:
         if not isinstance(self.stages, int) or not 2 <= self.stages <= 8:
@@ -85,12 +90,17 @@ class WireBenchConfig:
             raise ConfigError("WireBenchConfig.compressors is empty")
         for entry in self.compressors:
             parse_entry(entry)
+        if len(set(self.compressors)) < len(self.compressors):
+            raise ConfigError(f"WireBenchConfig.compressors repeats an entry: {list(self.compressors)}")
         if self.mode not in ("simulated", "processes", "netns"):
             raise ConfigError(f"WireBenchConfig.mode must be simulated, processes or netns, got {self.mode!r}")
         if self.mode == "netns" and self.stages != 2:
             raise ConfigError("WireBenchConfig.mode='netns' joins 2 namespaces with one veth pair: use stages=2")
         if not 0 < self.smooth <= 1:
             raise ConfigError(f"WireBenchConfig.smooth must be in (0, 1], got {self.smooth!r}")
+        if self.matmul_precision not in ("highest", "high", "medium"):
+            raise ConfigError("WireBenchConfig.matmul_precision must be highest, high or medium, got "
+                              f"{self.matmul_precision!r}")
         for name, ratio in map(parse_entry, self.compressors if self.boundary else ()):  # now, not after dense
             if name not in ("dense", *BYTE_CODECS):
                 boundary_config(name, self.gpt_config(), ratio, self.seed, **self.boundary_options())
@@ -105,8 +115,9 @@ class WireBenchConfig:
 
 
 def parse_entry(entry: str) -> tuple[str, float]:
-    """``"name:ratio"`` (or ``"dense"``) as ``(name, ratio)``."""
-    name, _, r = entry.partition(":")
+    """``"name:ratio"`` (or ``"dense"``; either with an ``@lr`` suffix, see :func:`entry_lr`) as ``(name, ratio)``."""
+    entry_lr(entry, 1.0)  # a malformed rate fails here, with the entry named
+    name, _, r = entry.partition("@")[0].partition(":")
     name = name.strip().lower()
     try:
         ratio = float(r) if r else 1.0
@@ -120,6 +131,20 @@ def parse_entry(entry: str) -> tuple[str, float]:
     if name in ("quant", "delta") and 32 / ratio not in (1, 2, 4, 8):
         raise ConfigError(f"compressor entry {entry!r}: {name} takes ratio 4, 8, 16 or 32 (8, 4, 2, 1 bits of 32)")
     return name, ratio
+
+
+def entry_lr(entry: str, default: float) -> float:
+    """The learning rate of ``"name:ratio@lr"``; ``default`` (the config's ``lr``) without the suffix."""
+    _, at, raw = entry.partition("@")
+    if not at:
+        return default
+    try:
+        lr = float(raw)
+    except ValueError:
+        lr = float("nan")
+    if not 0 < lr < 1:  # also rejects nan
+        raise ConfigError(f"compressor entry {entry!r}: the learning rate after '@' must be a number in (0, 1)")
+    return lr
 
 
 def codec_specs(name: str, ratio: float, bwd: str | None = None) -> tuple[str, str]:
@@ -142,7 +167,7 @@ def pipeline_config(cfg: WireBenchConfig, entry: str) -> PipelineConfig:
     name, ratio = parse_entry(entry)
     fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
     return PipelineConfig(schedule=cfg.schedule, microbatches=cfg.microbatches, fwd_codec=fwd, bwd_codec=bwd,
-                          lr=cfg.lr, seed=cfg.seed, compressor="dense" if name in BYTE_CODECS else name, ratio=ratio,
+                          lr=entry_lr(entry, cfg.lr), seed=cfg.seed, compressor="dense" if name in BYTE_CODECS else name, ratio=ratio,
                           timeout_s=cfg.timeout_s)
 
 
@@ -308,8 +333,8 @@ def summarize(cfg: WireBenchConfig, trained: list[dict], dense_bytes_per_token: 
     """
     window = max(1, round(cfg.smooth * cfg.steps))
     every = max(1, cfg.steps // 200)
-    ref = next((t for t in trained if t["compressor"] == "dense"), None)
     finals = {t["entry"]: statistics.fmean(t["losses"][cfg.steps - window : cfg.steps]) for t in trained}
+    ref = min((t for t in trained if t["compressor"] == "dense"), key=lambda t: finals[t["entry"]], default=None)
     target = finals[ref["entry"]] if ref is not None else None
     runs, curves = [], {}
     for t in trained:
@@ -339,6 +364,7 @@ def summarize(cfg: WireBenchConfig, trained: list[dict], dense_bytes_per_token: 
                 "compressor": t["compressor"], "ratio": t["ratio"], "bandwidth_mbps": bw,
                 "bytes_per_token_fwd": t["bytes_per_token_fwd"], "bytes_per_token_bwd": t["bytes_per_token_bwd"],
                 "tokens": t["tokens"], "final_loss": finals[t["entry"]], "step_time_s": tl.median_step_s,
+                "lr": entry_lr(t["entry"], cfg.lr),
                 "time_to_target_s": ttt,
                 "entry": t["entry"], "fwd_codec": t["fwd_codec"], "bwd_codec": t["bwd_codec"],
                 "measured_ratio_fwd": dense_bytes_per_token / t["bytes_per_token_fwd"],
@@ -364,8 +390,11 @@ def run_wire(cfg: WireBenchConfig, device: torch.device, progress=None, on_entry
         # All stages share one process; on a shared CPU, OpenMP threads contending for cores made compute
         # times up to 10x slower and far noisier than one thread.
         torch.set_num_threads(cfg.threads)
-    order = sorted(cfg.compressors, key=lambda e: parse_entry(e)[0] != "dense")  # dense first: it sets the target
+    # dense first: the best dense run sets the target
+    order = sorted(cfg.compressors, key=lambda e: parse_entry(e)[0] != "dense")
     trained, target = [], None
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(cfg.matmul_precision)
     window = max(1, round(cfg.smooth * cfg.steps))
     gcfg = cfg.gpt_config()
     dense_bpt = gcfg.n_embd * 4.0  # float32 activations, headers excluded
@@ -381,24 +410,27 @@ def run_wire(cfg: WireBenchConfig, device: torch.device, progress=None, on_entry
                     curves.setdefault(k, v)["time_s"].update(v["time_s"])
         else:
             for e in order:
-                trained.append(train_entry(cfg, e, device, corpus, progress, target))
-                if trained[-1]["compressor"] == "dense" and target is None:
-                    target = statistics.fmean(trained[-1]["losses"][cfg.steps - window : cfg.steps])
+                dense = parse_entry(e)[0] == "dense"
+                trained.append(train_entry(cfg, e, device, corpus, progress, None if dense else target))
+                if dense:
+                    final = statistics.fmean(trained[-1]["losses"][cfg.steps - window : cfg.steps])
+                    target = final if target is None else min(target, final)
                 if on_entry is not None and len(trained) < len(order):
                     on_entry(_record(cfg, gcfg, *summarize(cfg, trained, dense_bpt), device))
             runs, curves = summarize(cfg, trained, dense_bpt)
     finally:
         torch.set_num_threads(threads)
+        torch.set_float32_matmul_precision(precision)
     return _record(cfg, gcfg, runs, curves, device)
 
 
 def _record(cfg: WireBenchConfig, gcfg: GPTConfig, runs: list[dict], curves: dict, device: torch.device) -> dict:
     from actzip.bench.harness import machine_record
 
-    ref = [r for r in runs if r["compressor"] == "dense"]
+    ref = [r["final_loss"] for r in runs if r["compressor"] == "dense"]
     return {
         "config": asdict(cfg), "gpt": dataclasses.asdict(gcfg), "mode": cfg.mode,
-        "target_loss": ref[0]["final_loss"] if ref else None, "runs": runs, "curves": curves,
+        "target_loss": min(ref) if ref else None, "runs": runs, "curves": curves,
         "machine": machine_record(device),
     }
 
@@ -515,6 +547,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if cfg.threads is not None and device.type == "cpu":
         torch.set_num_threads(cfg.threads)
+    torch.set_float32_matmul_precision(cfg.matmul_precision)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             timeout=datetime.timedelta(seconds=cfg.timeout_s))
     rank = dist.get_rank()

@@ -44,8 +44,9 @@ def render(record: dict):
                     f"{c['schedule']}, {c['steps']} steps x {c['batch_size']}x{record['gpt']['block_size']} tokens; "
                     f"links {', '.join(f'{b:g}' for b in c['bandwidths'])} Mbps, {c['latency_ms']:g} ms")
     wall = any(r.get("wall_step_time_s") is not None for r in record["runs"])
-    for col in ("entry", "Mbps", "B/tok fwd", "B/tok bwd", "ratio", "final loss", "vs dense", "step ms",
-                "to target s", "speedup", *(("wall ms",) if wall else ())):
+    val = any(r.get("val_loss") is not None for r in record["runs"])
+    for col in ("entry", "Mbps", "B/tok fwd", "B/tok bwd", "ratio", "final loss", "vs dense", *(("val",) if val else ()),
+                "step ms", "to target s", "speedup", *(("wall ms",) if wall else ())):
         t.add_column(col, justify="left" if col == "entry" else "right")
     for r in record["runs"]:
         bw = "inf" if r["bandwidth_mbps"] is None else f"{r['bandwidth_mbps']:g}"
@@ -53,6 +54,8 @@ def render(record: dict):
         sp = "-" if r["speedup_to_target"] is None else f"{r['speedup_to_target']:.2f}x"
         gap = "" if r["loss_gap"] is None else f"{r['loss_gap']:+.2%}"
         t.add_row(r["entry"], bw, f"{r['bytes_per_token_fwd']:.1f}", f"{r['bytes_per_token_bwd']:.1f}",
-                  f"{r['measured_ratio_fwd']:.1f}", f"{r['final_loss']:.4f}", gap, f"{r['step_time_s'] * 1e3:.0f}",
+                  f"{r['measured_ratio_fwd']:.1f}", f"{r['final_loss']:.4f}", gap,
+                  *((f"{r['val_loss']:.4f}" if r.get("val_loss") is not None else "-",) if val else ()),
+                  f"{r['step_time_s'] * 1e3:.0f}",
                   ttt, sp, *((f"{r['wall_step_time_s'] * 1e3:.0f}",) if wall else ()))
     return t
