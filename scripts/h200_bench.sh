@@ -7,7 +7,8 @@
 #   at d=4096), cache-chunk1024 (the 124M models with 1024-token loss chunks), cache-2bit (the 2bit preset at
 #   both widths), wire-anchors (stiefel with full-rank anchors, 124M), wire-nccl (2 GPUs), wire-lr (a
 #   learning-rate sweep per entry, 124M, three runs at once on the one GPU: losses only, their times are
-#   not clean) and wire-best (each entry at its best rate from wire-lr, alone: the time figures)
+#   not clean; wire-lr-low the lower rates, four at once) and wire-best (each entry at its best rate from
+#   the sweeps, alone: the time figures)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -65,16 +66,24 @@ for stage in $stages; do
         --boundary anchor_rank=768,lr=1e-4 --json "$out/wire-anchors-124m.json" ;;
     wire) az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 4 --batch-size 32 --microbatches 8 \
             --steps 600 --json "$out/wire.json" ;;
-    wire-lr)  # three sweeps side by side on one GPU (losses only; compute times overlap)
+    wire-lr|wire-lr-low)  # sweeps side by side on one GPU (losses only; compute times overlap)
       common=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8
               --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200)
-      az bench wire "${common[@]}" --compressors dense@6e-4,dense@2e-3,subspace:100@2e-3,subspace:100@4e-3,bottleneck:100@2e-3 \
-        --json "$out/wire-lr-a.json" > "$out/wire-lr-a.log" 2>&1 &
-      az bench wire "${common[@]}" --compressors dense@1e-3,stiefel:16@3e-4,stiefel:16@6e-4,stiefel-rvq:100@6e-4,stiefel-rvq:100@2e-3 \
-        --json "$out/wire-lr-b.json" > "$out/wire-lr-b.log" 2>&1 &
-      az bench wire "${common[@]}" --compressors dense@3e-4,subspace:100@1e-3,stiefel:16@1e-3,stiefel-rvq:100@1e-3,bottleneck:100@1e-3 \
-        --json "$out/wire-lr-c.json" > "$out/wire-lr-c.log" 2>&1 &
-      wait; tail -n 30 "$out"/wire-lr-*.log ;;
+      if [ "$stage" = wire-lr ]; then
+        groups=(dense@6e-4,dense@2e-3,subspace:100@2e-3,subspace:100@4e-3,bottleneck:100@2e-3
+                dense@1e-3,stiefel:16@3e-4,stiefel:16@6e-4,stiefel-rvq:100@6e-4,stiefel-rvq:100@2e-3
+                dense@3e-4,subspace:100@1e-3,stiefel:16@1e-3,stiefel-rvq:100@1e-3,bottleneck:100@1e-3)
+      else  # the rates below wire-lr's best dense one
+        groups=(dense@1.5e-4,subspace:100@3e-4,stiefel-rvq:100@3e-4,bottleneck:100@3e-4
+                dense@2e-4,subspace:100@6e-4,stiefel:16@1.5e-4,bottleneck:100@6e-4
+                dense@4.5e-4,subspace:100@1.5e-4,stiefel:16@2e-4,stiefel-rvq:100@1.5e-4
+                quant:8@3e-4,delta:8@3e-4,stiefel:16@4.5e-4,stiefel-rvq:100@4e-4)
+      fi
+      for i in "${!groups[@]}"; do
+        az bench wire "${common[@]}" --compressors "${groups[$i]}" --json "$out/$stage-$i.json" \
+          > "$out/$stage-$i.log" 2>&1 &
+      done
+      wait; tail -n 14 "$out/$stage"-*.log ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
