@@ -84,6 +84,11 @@ for stage in $stages; do
           > "$out/$stage-$i.log" 2>&1 &
       done
       wait; tail -n 14 "$out/$stage"-*.log ;;
+    wire-best)  # each stage compressor at its best rate of the sweeps, dense at its best, one run at a time
+      az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
+        --steps 300 --target-steps 2 --matmul-precision high \
+        --compressors dense@1.5e-4,stiefel-rvq:100@1.5e-4,stiefel:16@1.5e-4,subspace:100@1.5e-4 \
+        --json "$out/wire-best-124m.json" ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
