@@ -7,7 +7,7 @@
 #   at d=4096), cache-chunk1024 (the 124M models with 1024-token loss chunks), cache-2bit (the 2bit preset at
 #   both widths), wire-anchors (stiefel with full-rank anchors, 124M), wire-nccl (2 GPUs), wire-lr (a
 #   learning-rate sweep per entry, 124M, three runs at once on the one GPU: losses only, their times are
-#   not clean; wire-lr-low the lower rates, four at once) and wire-best (each entry at its best rate from
+#   not clean; wire-lr-low and wire-lr-lowest the lower rates) and wire-best (each entry at its best rate from
 #   the sweeps, alone: the time figures)
 set -uo pipefail
 out=${1:?output directory}; shift
@@ -66,13 +66,15 @@ for stage in $stages; do
         --boundary anchor_rank=768,lr=1e-4 --json "$out/wire-anchors-124m.json" ;;
     wire) az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 4 --batch-size 32 --microbatches 8 \
             --steps 600 --json "$out/wire.json" ;;
-    wire-lr|wire-lr-low)  # sweeps side by side on one GPU (losses only; compute times overlap)
+    wire-lr|wire-lr-low|wire-lr-lowest)  # sweeps side by side on one GPU (losses only; compute times overlap)
       common=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8
               --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200)
       if [ "$stage" = wire-lr ]; then
         groups=(dense@6e-4,dense@2e-3,subspace:100@2e-3,subspace:100@4e-3,bottleneck:100@2e-3
                 dense@1e-3,stiefel:16@3e-4,stiefel:16@6e-4,stiefel-rvq:100@6e-4,stiefel-rvq:100@2e-3
                 dense@3e-4,subspace:100@1e-3,stiefel:16@1e-3,stiefel-rvq:100@1e-3,bottleneck:100@1e-3)
+      elif [ "$stage" = wire-lr-lowest ]; then  # below wire-lr-low's best dense rate
+        groups=(dense@1e-4,subspace:100@1e-4 dense@7e-5,stiefel:16@1e-4 stiefel-rvq:100@1e-4)
       else  # the rates below wire-lr's best dense one
         groups=(dense@1.5e-4,subspace:100@3e-4,stiefel-rvq:100@3e-4,bottleneck:100@3e-4
                 dense@2e-4,subspace:100@6e-4,stiefel:16@1.5e-4,bottleneck:100@6e-4
@@ -83,7 +85,7 @@ for stage in $stages; do
         az bench wire "${common[@]}" --compressors "${groups[$i]}" --json "$out/$stage-$i.json" \
           > "$out/$stage-$i.log" 2>&1 &
       done
-      wait; tail -n 14 "$out/$stage"-*.log ;;
+      wait; tail -n 14 "$out/$stage"-*.log; rm -f "$out/$stage"-*.png ;;
     wire-best)  # each stage compressor at its best rate of the sweeps, dense at its best, one run at a time
       az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
         --steps 300 --target-steps 2 --matmul-precision high \
