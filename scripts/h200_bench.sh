@@ -7,7 +7,7 @@
 #   at d=4096), cache-chunk1024 (the 124M models with 1024-token loss chunks), cache-2bit (the 2bit preset at
 #   both widths), wire-anchors (stiefel with full-rank anchors, 124M), wire-nccl (2 GPUs), wire-lr (a
 #   learning-rate sweep per entry, 124M, three runs at once on the one GPU: losses only, their times are
-#   not clean; wire-lr-low and wire-lr-lowest the lower rates) and wire-best (each entry at its best rate from
+#   not clean; wire-lr-low, wire-lr-lowest and wire-lr-floor the lower rates) and wire-best (each entry at its best rate from
 #   the sweeps, alone: the time figures)
 set -uo pipefail
 out=${1:?output directory}; shift
@@ -66,7 +66,7 @@ for stage in $stages; do
         --boundary anchor_rank=768,lr=1e-4 --json "$out/wire-anchors-124m.json" ;;
     wire) az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 4 --batch-size 32 --microbatches 8 \
             --steps 600 --json "$out/wire.json" ;;
-    wire-lr|wire-lr-low|wire-lr-lowest)  # sweeps side by side on one GPU (losses only; compute times overlap)
+    wire-lr|wire-lr-low|wire-lr-lowest|wire-lr-floor)  # sweeps side by side on one GPU (losses only; compute times overlap)
       common=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8
               --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200)
       if [ "$stage" = wire-lr ]; then
@@ -75,6 +75,8 @@ for stage in $stages; do
                 dense@3e-4,subspace:100@1e-3,stiefel:16@1e-3,stiefel-rvq:100@1e-3,bottleneck:100@1e-3)
       elif [ "$stage" = wire-lr-lowest ]; then  # below wire-lr-low's best dense rate
         groups=(dense@1e-4,subspace:100@1e-4 dense@7e-5,stiefel:16@1e-4 stiefel-rvq:100@1e-4)
+      elif [ "$stage" = wire-lr-floor ]; then  # below wire-lr-lowest's best stage-compressor rates
+        groups=(subspace:100@7e-5 subspace:100@5e-5 stiefel:16@7e-5)
       else  # the rates below wire-lr's best dense one
         groups=(dense@1.5e-4,subspace:100@3e-4,stiefel-rvq:100@3e-4,bottleneck:100@3e-4
                 dense@2e-4,subspace:100@6e-4,stiefel:16@1.5e-4,bottleneck:100@6e-4
