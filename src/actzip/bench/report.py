@@ -341,19 +341,23 @@ def _wire_section(path: Path, root: Path) -> str:
     lines = [
         f"\n## Pipeline wire compression: {c['stages']} stages, {how}\n",
         (f"Reference GPT ({g['n_layer']} layers, d={g['n_embd']}, {g['block_size']} tokens per sequence), {c['batch_size']} "
-         f"sequences per step in {c['microbatches']} microbatches ({c['schedule']}), AdamW lr {c['lr']:g}, same weights "
+         f"sequences per step in {c['microbatches']} microbatches ({c['schedule']}), AdamW lr {c['lr']:g}"
+         f"{' (an entry `@rate` trains at its own)' if any('@' in e for e in c['compressors']) else ''}, "
+         "float32 matmul precision "
+         f"{c.get('matmul_precision', 'highest')}, same weights "
          f"and batches for every entry, {c['steps']} steps (runs short of dense's final loss train on up to "
          f"{c['target_steps']:g}x). Bytes per token per boundary each way count headers. Step times replay each "
          f"run's measured compute trace over a modelled link ({c['latency_ms']:g} ms one way) per bandwidth; "
          "'wall' is the measured step time of the run itself. Loss: mean training loss of the last "
-         f"{c['smooth']:.0%} of the {c['steps']} steps; time to target: until the smoothed loss reaches dense's.\n"),
+         f"{c['smooth']:.0%} of the {c['steps']} steps; val: held-out loss after them; time to target: until the "
+         "smoothed loss reaches the best dense run's.\n"),
         _provenance(rec, path, root) + "\n",
         *([f"Boundary options of the stage compressors: `{c['boundary']}`.\n"] if c.get("boundary") else []),
         *([f"Partial: the run was stopped at a time limit; finished entries: "
            f"{', '.join(dict.fromkeys(r['entry'] for r in rec['runs']))}.\n"] if rec.get("partial") else []),
-        "| entry | B/token fwd | B/token bwd | fwd ratio | loss | vs dense | wall step ms | "
+        "| entry | B/token fwd | B/token bwd | fwd ratio | loss | vs dense | val | wall step ms | "
         + " | ".join(f"step ms @ {label[b]} | to target s @ {label[b]}" for b in bws) + " |",
-        "|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(bws),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(bws),
     ]
     by_entry: dict[str, dict] = {}
     for r in rec["runs"]:
@@ -368,7 +372,27 @@ def _wire_section(path: Path, root: Path) -> str:
             cells += ["", ""] if r is None else [f"{r['step_time_s'] * 1e3:,.1f}", _fmt_s(r["time_to_target_s"])]
         lines.append(f"| {entry} | {r0['bytes_per_token_fwd']:,.1f} | {r0['bytes_per_token_bwd']:,.1f} | "
                      f"{r0['measured_ratio_fwd']:,.1f} | {r0['final_loss']:.4f} | {gap} | "
+                     f"{'' if r0.get('val_loss') is None else format(r0['val_loss'], '.4f')} | "
                      f"{'n/a' if wall is None else f'{wall * 1e3:,.1f}'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _wire_sweep_section(folder: Path, root: Path) -> str:
+    from actzip.bench.wire_render import sweep_markdown
+
+    paths = sorted(folder.glob("*.json"))
+    recs = [json.loads(p.read_text()) for p in paths]
+    c, g = recs[0]["config"], recs[0]["gpt"]
+    lines = [
+        f"\n## Pipeline wire compression: learning-rate sweep ({folder.name})\n",
+        (f"Reference GPT ({g['n_layer']} layers, d={g['n_embd']}), {c['stages']} stages, {c['steps']} steps of "
+         f"{c['batch_size']}x{g['block_size']} tokens, constant AdamW rate per entry (columns). Training loss (mean "
+         f"of the last {c['smooth']:.0%} of the steps, equal tokens); bold: the entry's best rate; gaps: its best run "
+         "against the best dense run. Several runs shared the GPU at once, so their times are not reported.\n"),
+        sweep_markdown(recs),
+        "Runs:\n",
+        *(f"- {_provenance(r, p, root)}" + (f" {r['note']}" if r.get("note") else "") for r, p in zip(recs, paths)),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -383,6 +407,7 @@ def build(root: Path) -> str:
         out.extend(_lora_section(p, root) for p in sorted(machine_dir.glob("lora*.json")))
         out.extend(_cache_section(p, root) for p in sorted(machine_dir.glob("cache*.json")))
         out.extend(_wire_section(p, root) for p in sorted(machine_dir.glob("wire*.json"), key=lambda p: p.stem))
+        out.extend(_wire_sweep_section(p, root) for p in sorted(machine_dir.glob("wire-lr*")) if p.is_dir())
     demos = sorted((root / "results" / "demo").glob("*.json"))
     if demos:
         out.append(DEMO_NOTE)

@@ -45,7 +45,8 @@ def render(record: dict):
                     f"links {', '.join(f'{b:g}' for b in c['bandwidths'])} Mbps, {c['latency_ms']:g} ms")
     wall = any(r.get("wall_step_time_s") is not None for r in record["runs"])
     val = any(r.get("val_loss") is not None for r in record["runs"])
-    for col in ("entry", "Mbps", "B/tok fwd", "B/tok bwd", "ratio", "final loss", "vs dense", *(("val",) if val else ()),
+    for col in ("entry", "Mbps", "B/tok fwd", "B/tok bwd", "ratio", "final loss", "vs dense",
+                *(("val",) if val else ()),
                 "step ms", "to target s", "speedup", *(("wall ms",) if wall else ())):
         t.add_column(col, justify="left" if col == "entry" else "right")
     for r in record["runs"]:
@@ -59,3 +60,40 @@ def render(record: dict):
                   f"{r['step_time_s'] * 1e3:.0f}",
                   ttt, sp, *((f"{r['wall_step_time_s'] * 1e3:.0f}",) if wall else ()))
     return t
+
+
+def sweep_markdown(records: list[dict]) -> str:
+    """A learning-rate sweep as one markdown table: each entry's training loss at every rate it ran (the
+    last-10%-of-steps mean at equal tokens), its best rate in bold, and its gaps to the best dense run in training
+    and validation loss. ``records`` are ``actzip bench wire`` records whose entries carry ``@lr``; a repeated
+    (entry, rate) shows every run's loss, and the lowest counts."""
+    runs: dict[str, dict[float, list[dict]]] = {}
+    for rec in records:
+        seen = set()
+        for r in rec["runs"]:
+            if r["entry"] in seen:
+                continue  # one row per entry and record (the runs repeat it per bandwidth)
+            seen.add(r["entry"])
+            name = r["compressor"] if r["compressor"] == "dense" else f"{r['compressor']}:{r['ratio']:g}"
+            runs.setdefault(name, {}).setdefault(r["lr"], []).append(r)
+    if "dense" not in runs:
+        return "No dense entry in the sweep: no gaps to show.\n"
+    best = {name: min((min(rs, key=lambda r: r["final_loss"]) for rs in per_lr.values()),
+                      key=lambda r: r["final_loss"]) for name, per_lr in runs.items()}
+    ref = best["dense"]
+    rates = sorted({lr for per_lr in runs.values() for lr in per_lr})
+    lines = ["| entry | fwd ratio | " + " | ".join(f"{lr:g}" for lr in rates)
+             + " | best rate | vs best dense | val vs best dense |",
+             "|---|---:|" + "---:|" * len(rates) + "---:|---:|---:|"]
+    for name, per_lr in sorted(runs.items(), key=lambda kv: (kv[0] != "dense", kv[0])):
+        b = best[name]
+        cells = []
+        for lr in rates:
+            rs = per_lr.get(lr, [])
+            text = " / ".join(f"{r['final_loss']:.4f}" for r in rs)
+            cells.append(f"**{text}**" if rs and lr == b["lr"] else text)
+        val = ("" if b.get("val_loss") is None or ref.get("val_loss") is None
+               else f"{b['val_loss'] / ref['val_loss'] - 1:+.1%}")
+        lines.append(f"| {name} | {b['measured_ratio_fwd']:.1f} | " + " | ".join(cells)
+                     + f" | {b['lr']:g} | {b['final_loss'] / ref['final_loss'] - 1:+.1%} | {val} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,40 @@
+import json
+
+from actzip.bench.report import build
+from actzip.bench.wire_render import sweep_markdown
+
+
+def _record(runs, compressors):
+    cfg = {"stages": 2, "steps": 300, "batch_size": 32, "smooth": 0.1, "compressors": compressors}
+    return {"config": cfg, "gpt": {"n_layer": 12, "n_embd": 768, "block_size": 256}, "runs": runs,
+            "machine": {"gpu": "NVIDIA H200", "date": "2026-01-01"}, "command": "actzip bench wire"}
+
+
+def _run(entry, name, ratio, lr, loss, val, bw=200.0):
+    return {"entry": entry, "compressor": name, "ratio": ratio, "lr": lr, "final_loss": loss, "val_loss": val,
+            "measured_ratio_fwd": ratio, "bandwidth_mbps": bw}
+
+
+def test_the_sweep_table_shows_each_entry_at_its_best_rate_against_the_best_dense_run():
+    dense = _run("dense@1e-4", "dense", 1.0, 1e-4, 2.0, 1.5)
+    a = _record([dense, dense | {"bandwidth_mbps": None},  # one run per bandwidth: one row
+                 _run("subspace:100@1e-4", "subspace", 100.0, 1e-4, 2.2, 1.8)], ["dense@1e-4", "subspace:100@1e-4"])
+    b = _record([_run("dense@3e-4", "dense", 1.0, 3e-4, 2.5, 1.9), _run("subspace:100@3e-4", "subspace", 100.0,
+                 3e-4, 2.1, 1.65), _run("subspace:100@1e-4", "subspace", 100.0, 1e-4, 2.3, 1.8)],
+                ["dense@3e-4", "subspace:100@3e-4", "subspace:100@1e-4"])
+    text = sweep_markdown([a, b])
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
+    assert rows["dense"] == "| dense | 1.0 | **2.0000** | 2.5000 | 0.0001 | +0.0% | +0.0% |"
+    # the repeated (entry, rate) shows both runs; the best rate is 3e-4; gaps against dense at 1e-4
+    assert rows["subspace:100"] == "| subspace:100 | 100.0 | 2.2000 / 2.3000 | **2.1000** | 0.0003 | +5.0% | +10.0% |"
+    assert "No dense" in sweep_markdown([_record([_run("x@1e-4", "quant", 8.0, 1e-4, 2.0, None)], ["quant:8@1e-4"])])
+
+
+def test_the_report_renders_a_sweep_folder(tmp_path):
+    folder = tmp_path / "results" / "h200" / "wire-lr"
+    folder.mkdir(parents=True)
+    rec = _record([_run("dense@1e-4", "dense", 1.0, 1e-4, 2.0, 1.5)], ["dense@1e-4"])
+    (folder / "a.json").write_text(json.dumps(rec | {"note": "Copied from a table."}))
+    text = build(tmp_path)
+    assert "learning-rate sweep (wire-lr)" in text and "| dense | 1.0 | **2.0000** |" in text
+    assert "Copied from a table." in text and "(../results/h200/wire-lr/a.json)" in text
