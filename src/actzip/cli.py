@@ -490,6 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--batch-size", type=int, dest="batch_size")
     wb.add_argument("--steps", type=int)
     wb.add_argument("--lr", type=float)
+    wb.add_argument("--lr-schedule", dest="lr_schedule", choices=["constant", "cosine"],
+                    help="constant (default) or cosine: 5%% warm-up, decay to lr/10 over --steps")
     wb.add_argument("--seed", type=int)
     wb.add_argument("--matmul-precision", dest="matmul_precision", choices=["highest", "high", "medium"],
                     help="float32 matmuls: highest (default) or high (TF32 on GPUs with it)")

@@ -1,7 +1,7 @@
-import math
 """The pipeline runner: schedules, equivalence with the unsplit model, codecs on the boundaries, side channels,
 hooks, and multi-process runs under gloo (results, exact bytes, faults)."""
 
+import math
 import time
 
 import pytest
@@ -67,6 +67,20 @@ def test_dense_pipeline_matches_the_unsplit_model(schedule):
              (last.ln_f.weight, ref.ln_f.weight)]
     for got, want in pairs:  # one AdamW step from the same gradients (microbatches summed)
         assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_every_stage_follows_the_learning_rate_schedule():
+    from actzip.core.lr_schedule import lr_factor
+
+    pipe = SimulatedPipeline(split_gpt(CFG, 2), PipelineConfig(microbatches=2, lr=1e-2, lr_schedule="cosine",
+                                                               lr_steps=20))
+    for step in range(3):
+        x, y = batch(step)
+        pipe.train_step(x, y)
+    for w in pipe.workers:
+        assert [g["lr"] for g in w.optimizer.param_groups] == [pytest.approx(1e-2 * lr_factor("cosine", 3, 20))] * 2
+    with pytest.raises(ConfigError, match="length"):
+        PipelineConfig(lr_schedule="cosine")
 
 
 def test_message_bytes_are_exactly_header_schema_and_buffers():

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from actzip.core.errors import ConfigError
+from actzip.core.lr_schedule import lr_scheduler
 from actzip.data.tasks import SnippetClassification, SnippetTaskConfig
 from actzip.memory.lora import DROPOUT_MASKS
 
@@ -164,7 +165,7 @@ def pretrain(cfg: LoRABenchConfig, device: torch.device, progress=None):
     model = _llama(cfg, device)
     corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, weight_decay=0.0, betas=(0.9, 0.95))
-    sched = _warmup_cosine(opt, cfg.pretrain_steps)
+    sched = lr_scheduler(opt, "cosine", cfg.pretrain_steps)
     g = torch.Generator().manual_seed(cfg.seed)
     losses = []
     t0 = time.perf_counter()
@@ -419,17 +420,8 @@ def _finetune_state(cfg: LoRABenchConfig, pretrained, method: str) -> dict:
             "gen": torch.Generator().manual_seed(cfg.seed + 2)}
 
 
-def _warmup_cosine(opt, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over the first 5% of ``steps``, then cosine decay to a tenth of the base rate."""
-    warm = max(1, steps // 20)
-    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
-
-
 def _lr_schedule(cfg: LoRABenchConfig, opt) -> torch.optim.lr_scheduler.LambdaLR:
-    if cfg.lr_schedule == "constant":
-        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    return _warmup_cosine(opt, cfg.steps)
+    return lr_scheduler(opt, cfg.lr_schedule, cfg.steps, "lora bench")
 
 
 def _train_step(cfg: LoRABenchConfig, task: SnippetClassification, s: dict, device) -> None:

@@ -341,7 +341,8 @@ def _wire_section(path: Path, root: Path) -> str:
     lines = [
         f"\n## Pipeline wire compression: {c['stages']} stages, {how}\n",
         (f"Reference GPT ({g['n_layer']} layers, d={g['n_embd']}, {g['block_size']} tokens per sequence), {c['batch_size']} "
-         f"sequences per step in {c['microbatches']} microbatches ({c['schedule']}), AdamW lr {c['lr']:g}"
+         f"sequences per step in {c['microbatches']} microbatches ({c['schedule']}), AdamW lr {c['lr']:g} "
+         f"({_lr_schedule_words(c.get('lr_schedule', 'constant'))})"
          f"{' (an entry `@rate` trains at its own)' if any('@' in e for e in c['compressors']) else ''}, "
          "float32 matmul precision "
          f"{c.get('matmul_precision', 'highest')}, same weights "

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from actzip.core.errors import ConfigError
+from actzip.core.lr_schedule import check_lr_schedule
 from actzip.data import Corpus
 from actzip.models import GPT, GPTConfig
 from actzip.wire.link import Action, LinkSpec, NetnsLink, Timeline, simulate
@@ -66,6 +67,9 @@ class WireBenchConfig:
     batch_size: int = 16  # sequences per step
     steps: int = 600  # optimizer steps per run
     lr: float = 1e-3  # AdamW learning rate
+    # "constant", or "cosine" (5% warm-up, cosine decay to lr / 10 over `steps`; a run training on past them
+    # keeps lr / 10)
+    lr_schedule: str = "constant"
     seed: int = 0  # weights, batches and codec noise
     dataset_windows: int | None = 4096  # fixed training set of this many windows (delta needs repeats); None: fresh
     corpus_bytes: int = 4_000_000  # bytes of the embedded corpus read
@@ -98,6 +102,7 @@ class WireBenchConfig:
             raise ConfigError("WireBenchConfig.mode='netns' joins 2 namespaces with one veth pair: use stages=2")
         if not 0 < self.smooth <= 1:
             raise ConfigError(f"WireBenchConfig.smooth must be in (0, 1], got {self.smooth!r}")
+        check_lr_schedule("WireBenchConfig", self.lr_schedule, self.steps)
         if self.matmul_precision not in ("highest", "high", "medium"):
             raise ConfigError("WireBenchConfig.matmul_precision must be highest, high or medium, got "
                               f"{self.matmul_precision!r}")
@@ -167,8 +172,8 @@ def pipeline_config(cfg: WireBenchConfig, entry: str) -> PipelineConfig:
     name, ratio = parse_entry(entry)
     fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
     return PipelineConfig(schedule=cfg.schedule, microbatches=cfg.microbatches, fwd_codec=fwd, bwd_codec=bwd,
-                          lr=entry_lr(entry, cfg.lr), seed=cfg.seed, compressor="dense" if name in BYTE_CODECS else name, ratio=ratio,
-                          timeout_s=cfg.timeout_s)
+                          lr=entry_lr(entry, cfg.lr), lr_schedule=cfg.lr_schedule, lr_steps=cfg.steps, seed=cfg.seed,
+                          compressor="dense" if name in BYTE_CODECS else name, ratio=ratio, timeout_s=cfg.timeout_s)
 
 
 class _First(nn.Module):

@@ -44,6 +44,7 @@ from torch import nn
 
 from actzip.codecs.rvq import CodebookDesyncError
 from actzip.core.errors import ConfigError
+from actzip.core.lr_schedule import check_lr_schedule, lr_scheduler
 from actzip.wire.codecs import BoundaryCodec
 from actzip.wire.link import Action
 from actzip.wire.transport import (
@@ -105,6 +106,10 @@ class PipelineConfig:
     bwd_codec: str = "none"  # codec spec for gradients sent backward
     timeout_s: float = 60.0  # longest wait for a message from a peer before a WireTimeoutError
     lr: float = 1e-3  # AdamW learning rate (each stage has its own optimizer)
+    # "constant", or "cosine": 5% linear warm-up, then cosine decay to lr / 10 over lr_steps optimizer steps
+    # (see actzip.core.lr_schedule); a stage's own optimizer (configure_optimizer) follows it too
+    lr_schedule: str = "constant"
+    lr_steps: int | None = None  # length of the cosine schedule in steps (needed for "cosine")
     weight_decay: float = 0.1  # AdamW weight decay on matrices and embeddings (>= 2 dims)
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas
     seed: int = 0  # base seed of the codecs' random draws
@@ -120,6 +125,7 @@ class PipelineConfig:
         t = self.timeout_s
         if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
             raise ConfigError(f"PipelineConfig.timeout_s must be a positive number of seconds, got {t!r}")
+        check_lr_schedule("PipelineConfig", self.lr_schedule, self.lr_steps)
         BoundaryCodec(self.fwd_codec, direction="fwd")  # raises a ConfigError naming a bad spec now, not later
         BoundaryCodec(self.bwd_codec, direction="bwd")
 
@@ -182,6 +188,7 @@ class StageWorker:
         own = getattr(module, "configure_optimizer", None)  # a stage may know better (e.g. Stiefel parameters)
         self.optimizer = (own(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas)) if callable(own)
                           else make_optimizer(module, cfg))
+        self.lr_scheduler = lr_scheduler(self.optimizer, cfg.lr_schedule, cfg.lr_steps, "PipelineConfig")
         self.loss_fn = loss_fn or lm_loss
         self.actions: list[Action] = []
         self.losses: list[float] = []  # per step, last stage only
@@ -336,6 +343,7 @@ class StageWorker:
         t0 = time.perf_counter()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.lr_scheduler.step()
         hook = getattr(self.module, "after_optimizer_step", None)
         if callable(hook):
             hook()
