@@ -387,7 +387,8 @@ def _wire_sweep_section(folder: Path, root: Path) -> str:
     lines = [
         f"\n## Pipeline wire compression: learning-rate sweep ({folder.name})\n",
         (f"Reference GPT ({g['n_layer']} layers, d={g['n_embd']}), {c['stages']} stages, {c['steps']} steps of "
-         f"{c['batch_size']}x{g['block_size']} tokens, constant AdamW rate per entry (columns). Training loss (mean "
+         f"{c['batch_size']}x{g['block_size']} tokens, AdamW at a rate per entry (columns), "
+         f"{_lr_schedule_words(c.get('lr_schedule', 'constant'))}. Training loss (mean "
          f"of the last {c['smooth']:.0%} of the steps, equal tokens); bold: the entry's best rate; gaps: its best run "
          "against the best dense run. Several runs shared the GPU at once, so their times are not reported.\n"),
         sweep_markdown(recs),
@@ -408,7 +409,7 @@ def build(root: Path) -> str:
         out.extend(_lora_section(p, root) for p in sorted(machine_dir.glob("lora*.json")))
         out.extend(_cache_section(p, root) for p in sorted(machine_dir.glob("cache*.json")))
         out.extend(_wire_section(p, root) for p in sorted(machine_dir.glob("wire*.json"), key=lambda p: p.stem))
-        out.extend(_wire_sweep_section(p, root) for p in sorted(machine_dir.glob("wire-lr*")) if p.is_dir())
+        out.extend(_wire_sweep_section(p, root) for p in sorted(machine_dir.glob("wire-*")) if p.is_dir())
     demos = sorted((root / "results" / "demo").glob("*.json"))
     if demos:
         out.append(DEMO_NOTE)
