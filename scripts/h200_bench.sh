@@ -7,8 +7,9 @@
 #   at d=4096), cache-chunk1024 (the 124M models with 1024-token loss chunks), cache-2bit (the 2bit preset at
 #   both widths), wire-anchors (stiefel with full-rank anchors, 124M), wire-nccl (2 GPUs), wire-lr (a
 #   learning-rate sweep per entry, 124M, three runs at once on the one GPU: losses only, their times are
-#   not clean; wire-lr-low, wire-lr-lowest and wire-lr-floor the lower rates) and wire-best (each entry at its best rate from
-#   the sweeps, alone: the time figures)
+#   not clean; wire-lr-low, wire-lr-lowest and wire-lr-floor the lower rates), wire-best (each entry at
+#   its best rate from the sweeps, alone: the time figures), wire-long and wire-long-more (1200 steps at
+#   those rates)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -93,6 +94,17 @@ for stage in $stages; do
         --steps 300 --target-steps 2 --matmul-precision high \
         --compressors dense@1.5e-4,stiefel-rvq:100@1.5e-4,stiefel:16@1.5e-4,subspace:100@1.5e-4 \
         --json "$out/wire-best-124m.json" ;;
+    wire-long|wire-long-more)  # four times the steps at the swept best rates; the second half aims at the first's
+      common=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8
+              --steps 1200 --target-steps 1.5 --matmul-precision high)
+      if [ "$stage" = wire-long ]; then
+        az bench wire "${common[@]}" --compressors dense@1.5e-4,subspace:100@1e-4 --json "$out/wire-long-124m.json"
+      else  # dense's loss from wire-long (its JSON in OUT or in results/h200)
+        prev=$(ls "$out/wire-long-124m.json" results/h200/wire-long-124m.json 2>/dev/null | head -n 1)
+        target=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['target_loss'])" "$prev")
+        az bench wire "${common[@]}" --compressors stiefel:16@1e-4,stiefel-rvq:100@1.5e-4 --target-loss "$target" \
+          --json "$out/wire-long-124m-more.json"
+      fi ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \

@@ -499,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="train on a fixed set of this many windows (delta needs repeated samples)")
     wb.add_argument("--target-steps", type=float, dest="target_steps",
                     help="runs short of dense's final loss train on up to this many times --steps (default 2)")
+    wb.add_argument("--target-loss", type=float, dest="target_loss",
+                    help="the loss to reach instead of the best dense run's (e.g. dense's from an earlier run)")
     wb.add_argument("--corpus-bytes", type=int, dest="corpus_bytes", help="bytes of the embedded corpus read")
     wb.add_argument("--mode", choices=["simulated", "processes", "netns"],
                     help="stages in one process (default), one process per stage under torchrun, or two "

@@ -83,6 +83,13 @@ def test_a_learning_rate_sweep_measures_every_entry_against_the_best_dense_run(t
     assert fast["speedup_to_target"] == 1.0 and slow["time_to_target_s"] is None
     assert slow["steps_run"] == 12  # a dense entry never trains on towards another's loss
     assert (fast["lr"], slow["lr"], runs["quant:8@3e-3"]["lr"]) == (3e-3, 1e-5, 3e-3)
+    # a given target replaces dense's: an entry alone trains on towards it (here out of reach: 1.5x the steps)
+    alone = run_wire(dataclasses.replace(cfg, compressors=("quant:8@3e-3",), target_loss=0.01), torch.device("cpu"))
+    r = alone["runs"][0]
+    assert alone["target_loss"] == 0.01 and r["steps_run"] == 18 and r["time_to_target_s"] is None
+    assert r["loss_gap"] == pytest.approx(r["final_loss"] / 0.01 - 1) and r["speedup_to_target"] is None
+    with pytest.raises(ConfigError, match="target_loss"):
+        WireBenchConfig(target_loss=-1.0)
     assert set(QUICK) <= set(WireBenchConfig.__dataclass_fields__)
 
 

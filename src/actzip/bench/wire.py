@@ -76,6 +76,9 @@ class WireBenchConfig:
     eval_batches: int = 4  # validation batches, after `steps` steps (equal tokens)
     smooth: float = 0.1  # final loss = mean training loss of the last smooth * steps steps
     target_steps: float = 2.0  # a run short of dense's final loss at `steps` trains on, up to this many times steps
+    # the loss to reach (and to measure gaps against) instead of the best dense run's: e.g. a dense run's final
+    # loss from an earlier bench, so that long runs can be split over several invocations
+    target_loss: float | None = None
     threads: int | None = 1  # CPU intra-op threads while training (None: leave torch's setting)
     mode: str = "simulated"  # "simulated": stages in one process; "processes": one per stage (torchrun);
     #                          "netns": 2 processes through a real netem-shaped link per bandwidth (root)
@@ -100,6 +103,8 @@ class WireBenchConfig:
             raise ConfigError(f"WireBenchConfig.mode must be simulated, processes or netns, got {self.mode!r}")
         if self.mode == "netns" and self.stages != 2:
             raise ConfigError("WireBenchConfig.mode='netns' joins 2 namespaces with one veth pair: use stages=2")
+        if self.target_loss is not None and not (isinstance(self.target_loss, (int, float)) and self.target_loss > 0):
+            raise ConfigError(f"WireBenchConfig.target_loss must be a positive number, got {self.target_loss!r}")
         if not 0 < self.smooth <= 1:
             raise ConfigError(f"WireBenchConfig.smooth must be in (0, 1], got {self.smooth!r}")
         check_lr_schedule("WireBenchConfig", self.lr_schedule, self.steps)
@@ -340,7 +345,7 @@ def summarize(cfg: WireBenchConfig, trained: list[dict], dense_bytes_per_token: 
     every = max(1, cfg.steps // 200)
     finals = {t["entry"]: statistics.fmean(t["losses"][cfg.steps - window : cfg.steps]) for t in trained}
     ref = min((t for t in trained if t["compressor"] == "dense"), key=lambda t: finals[t["entry"]], default=None)
-    target = finals[ref["entry"]] if ref is not None else None
+    target = cfg.target_loss if cfg.target_loss is not None else (finals[ref["entry"]] if ref is not None else None)
     runs, curves = [], {}
     for t in trained:
         per_step = [0] * len(t["losses"])
@@ -397,7 +402,7 @@ def run_wire(cfg: WireBenchConfig, device: torch.device, progress=None, on_entry
         torch.set_num_threads(cfg.threads)
     # dense first: the best dense run sets the target
     order = sorted(cfg.compressors, key=lambda e: parse_entry(e)[0] != "dense")
-    trained, target = [], None
+    trained, target = [], cfg.target_loss
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(cfg.matmul_precision)
     window = max(1, round(cfg.smooth * cfg.steps))
@@ -417,7 +422,7 @@ def run_wire(cfg: WireBenchConfig, device: torch.device, progress=None, on_entry
             for e in order:
                 dense = parse_entry(e)[0] == "dense"
                 trained.append(train_entry(cfg, e, device, corpus, progress, None if dense else target))
-                if dense:
+                if dense and cfg.target_loss is None:
                     final = statistics.fmean(trained[-1]["losses"][cfg.steps - window : cfg.steps])
                     target = final if target is None else min(target, final)
                 if on_entry is not None and len(trained) < len(order):
@@ -435,7 +440,8 @@ def _record(cfg: WireBenchConfig, gcfg: GPTConfig, runs: list[dict], curves: dic
     ref = [r["final_loss"] for r in runs if r["compressor"] == "dense"]
     return {
         "config": asdict(cfg), "gpt": dataclasses.asdict(gcfg), "mode": cfg.mode,
-        "target_loss": min(ref) if ref else None, "runs": runs, "curves": curves,
+        "target_loss": cfg.target_loss if cfg.target_loss is not None else (min(ref) if ref else None),
+        "runs": runs, "curves": curves,
         "machine": machine_record(device),
     }
 
