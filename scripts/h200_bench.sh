@@ -9,7 +9,7 @@
 #   learning-rate sweep per entry, 124M, three runs at once on the one GPU: losses only, their times are
 #   not clean; wire-lr-low, wire-lr-lowest and wire-lr-floor the lower rates), wire-best (each entry at
 #   its best rate from the sweeps, alone: the time figures), wire-long and wire-long-more (1200 steps at
-#   those rates)
+#   those rates), wire-seeds (the best rates from two more seeds)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -88,7 +88,8 @@ for stage in $stages; do
         az bench wire "${common[@]}" --compressors "${groups[$i]}" --json "$out/$stage-$i.json" \
           > "$out/$stage-$i.log" 2>&1 &
       done
-      wait; tail -n 14 "$out/$stage"-*.log; rm -f "$out/$stage"-*.png ;;
+      wait  # one log and no plots: fewer files to bring back
+      tail -n 14 "$out/$stage"-*.log | tee "$out/$stage.log"; rm -f "$out/$stage"-*.png "$out/$stage"-*.log ;;
     wire-best)  # each stage compressor at its best rate of the sweeps, dense at its best, one run at a time
       az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
         --steps 300 --target-steps 2 --matmul-precision high \
@@ -105,6 +106,14 @@ for stage in $stages; do
         az bench wire "${common[@]}" --compressors stiefel:16@1e-4,stiefel-rvq:100@1.5e-4 --target-loss "$target" \
           --json "$out/wire-long-124m-more.json"
       fi ;;
+    wire-seeds)  # the swept best rates again from two other seeds (weights, batches, codec noise), side by side
+      for seed in 1 2; do
+        az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
+          --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200 --seed "$seed" \
+          --compressors dense@1.5e-4,subspace:100@1e-4,stiefel:16@7e-5 --json "$out/wire-seed$seed-124m.json" \
+          > "$out/wire-seed$seed.log" 2>&1 &
+      done
+      wait; tail -n 8 "$out"/wire-seed*.log; rm -f "$out"/wire-seed*-124m.png ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
