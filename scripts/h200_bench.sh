@@ -67,7 +67,7 @@ for stage in $stages; do
         --boundary anchor_rank=768,lr=1e-4 --json "$out/wire-anchors-124m.json" ;;
     wire) az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 4 --batch-size 32 --microbatches 8 \
             --steps 600 --json "$out/wire.json" ;;
-    wire-lr|wire-lr-low|wire-lr-lowest|wire-lr-floor)  # sweeps side by side on one GPU (losses only; compute times overlap)
+    wire-lr|wire-lr-low|wire-lr-lowest|wire-lr-floor)  # side by side on one GPU: losses only, times overlap
       common=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8
               --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200)
       if [ "$stage" = wire-lr ]; then
