@@ -33,8 +33,9 @@ def test_the_sweep_table_shows_each_entry_at_its_best_rate_against_the_best_dens
 def test_the_report_renders_a_sweep_folder(tmp_path):
     folder = tmp_path / "results" / "h200" / "wire-lr"
     folder.mkdir(parents=True)
+    (folder.parent / "wire-empty").mkdir()  # a folder with no runs yet adds nothing
     rec = _record([_run("dense@1e-4", "dense", 1.0, 1e-4, 2.0, 1.5)], ["dense@1e-4"])
     (folder / "a.json").write_text(json.dumps(rec | {"note": "Copied from a table."}))
     text = build(tmp_path)
-    assert "learning-rate sweep (wire-lr)" in text and "| dense | 1.0 | **2.0000** |" in text
+    assert "wire-lr, runs at several learning rates in one table" in text and "| dense | 1.0 | **2.0000** |" in text
     assert "Copied from a table." in text and "(../results/h200/wire-lr/a.json)" in text

@@ -382,10 +382,12 @@ def _wire_sweep_section(folder: Path, root: Path) -> str:
     from actzip.bench.wire_render import sweep_markdown
 
     paths = sorted(folder.glob("*.json"))
+    if not paths:
+        return ""
     recs = [json.loads(p.read_text()) for p in paths]
     c, g = recs[0]["config"], recs[0]["gpt"]
     lines = [
-        f"\n## Pipeline wire compression: learning-rate sweep ({folder.name})\n",
+        f"\n## Pipeline wire compression: {folder.name}, runs at several learning rates in one table\n",
         (f"Reference GPT ({g['n_layer']} layers, d={g['n_embd']}), {c['stages']} stages, {c['steps']} steps of "
          f"{c['batch_size']}x{g['block_size']} tokens, AdamW at a rate per entry (columns), "
          f"{_lr_schedule_words(c.get('lr_schedule', 'constant'))}. Training loss (mean "
