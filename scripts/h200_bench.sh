@@ -95,9 +95,10 @@ for stage in $stages; do
         --steps 300 --target-steps 2 --matmul-precision high \
         --compressors dense@1.5e-4,stiefel-rvq:100@1.5e-4,stiefel:16@1.5e-4,subspace:100@1.5e-4 \
         --json "$out/wire-best-124m.json" ;;
-    wire-long|wire-long-more)  # four times the steps at the swept best rates; the second half aims at the first's
+    wire-long|wire-long-more)  # 4x the steps at the swept best rates, fresh windows (no memorising a fixed set);
+      # the second half aims at the first's dense loss
       common=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8
-              --steps 1200 --target-steps 1.5 --matmul-precision high)
+              --steps 1200 --target-steps 1.5 --matmul-precision high --dataset-windows 0 --corpus-bytes 16000000)
       if [ "$stage" = wire-long ]; then
         az bench wire "${common[@]}" --compressors dense@1.5e-4,subspace:100@1e-4 --json "$out/wire-long-124m.json"
       else  # dense's loss from wire-long (its JSON in OUT or in results/h200)

@@ -496,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--matmul-precision", dest="matmul_precision", choices=["highest", "high", "medium"],
                     help="float32 matmuls: highest (default) or high (TF32 on GPUs with it)")
     wb.add_argument("--dataset-windows", type=int, dest="dataset_windows",
-                    help="train on a fixed set of this many windows (delta needs repeated samples)")
+                    help="train on a fixed set of this many windows (delta needs repeated samples); 0: fresh "
+                    "windows every step (default 4096)")
     wb.add_argument("--target-steps", type=float, dest="target_steps",
                     help="runs short of dense's final loss train on up to this many times --steps (default 2)")
     wb.add_argument("--target-loss", type=float, dest="target_loss",

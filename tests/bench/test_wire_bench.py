@@ -52,6 +52,7 @@ def test_entries_and_codecs():
         WireBenchConfig(mode="netns", stages=3)
     with pytest.raises(ConfigError, match="matmul_precision"):
         WireBenchConfig(matmul_precision="tf32")
+    assert WireBenchConfig(dataset_windows=0).dataset_windows is None  # 0 on the command line: fresh windows
     with pytest.raises(ConfigError, match="repeats"):
         WireBenchConfig(compressors=("dense", "dense"))
 

@@ -71,7 +71,8 @@ class WireBenchConfig:
     # keeps lr / 10)
     lr_schedule: str = "constant"
     seed: int = 0  # weights, batches and codec noise
-    dataset_windows: int | None = 4096  # fixed training set of this many windows (delta needs repeats); None: fresh
+    # fixed training set of this many windows (delta needs repeats); None (or 0): fresh windows every step
+    dataset_windows: int | None = 4096
     corpus_bytes: int = 4_000_000  # bytes of the embedded corpus read
     eval_batches: int = 4  # validation batches, after `steps` steps (equal tokens)
     smooth: float = 0.1  # final loss = mean training loss of the last smooth * steps steps
@@ -97,6 +98,8 @@ class WireBenchConfig:
             raise ConfigError("WireBenchConfig.compressors is empty")
         for entry in self.compressors:
             parse_entry(entry)
+        if self.dataset_windows == 0:  # the command line's way to say None
+            self.dataset_windows = None
         if len(set(self.compressors)) < len(self.compressors):
             raise ConfigError(f"WireBenchConfig.compressors repeats an entry: {list(self.compressors)}")
         if self.mode not in ("simulated", "processes", "netns"):
