@@ -392,7 +392,7 @@ def _wire_sweep_section(folder: Path, root: Path) -> str:
          f"{c['batch_size']}x{g['block_size']} tokens, AdamW at a rate per entry (columns), "
          f"{_lr_schedule_words(c.get('lr_schedule', 'constant'))}. Training loss (mean "
          f"of the last {c['smooth']:.0%} of the steps, equal tokens); bold: the entry's best rate; gaps: its best run "
-         "against the best dense run. Several runs shared the GPU at once, so their times are not reported.\n"),
+         "against the best dense run. Runs here may have shared the machine, so their times are not reported.\n"),
         sweep_markdown(recs),
         "Runs:\n",
         *(f"- {_provenance(r, p, root)}" + (f" {r['note']}" if r.get("note") else "") for r, p in zip(recs, paths)),
