@@ -105,7 +105,7 @@ for stage in $stages; do
         prev=$(ls "$out/wire-long-124m.json" results/h200/wire-long-124m.json 2>/dev/null | head -n 1)
         target=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['target_loss'])" "$prev")
         az bench wire "${common[@]}" --compressors stiefel:16@1e-4,stiefel-rvq:100@1.5e-4 --target-loss "$target" \
-          --json "$out/wire-long-124m-more.json"
+          --boundary anchor_rank=768,lr=1e-4 --json "$out/wire-long-124m-more.json"  # full-rank anchors
       fi ;;
     wire-seeds)  # the swept best rates again from two other seeds (weights, batches, codec noise), side by side
       for seed in 1 2; do
