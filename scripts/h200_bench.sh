@@ -9,7 +9,8 @@
 #   learning-rate sweep per entry, 124M, three runs at once on the one GPU: losses only, their times are
 #   not clean; wire-lr-low, wire-lr-lowest and wire-lr-floor the lower rates), wire-best (each entry at
 #   its best rate from the sweeps, alone: the time figures), wire-long and wire-long-more (1200 steps at
-#   those rates), wire-seeds (the best rates from two more seeds)
+#   those rates), wire-seeds (the best rates from two more seeds),
+#   wire-ratios (stiefel at 4x and 8x)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -115,6 +116,13 @@ for stage in $stages; do
           > "$out/wire-seed$seed.log" 2>&1 &
       done
       wait; tail -n 8 "$out"/wire-seed*.log; rm -f "$out"/wire-seed*-124m.png ;;
+    wire-ratios)  # stiefel at 4x and 8x, at stiefel:16's best rate, beside the sweep (same setup as wire-lr)
+      for ratio in 4 8; do
+        az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
+          --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200 --compressors "stiefel:$ratio@7e-5" \
+          --json "$out/wire-ratios-$ratio.json" > "$out/wire-ratios-$ratio.log" 2>&1 &
+      done
+      wait; tail -n 8 "$out"/wire-ratios-*.log; rm -f "$out"/wire-ratios-*.png "$out"/wire-ratios-*.log ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
