@@ -10,7 +10,8 @@
 #   not clean; wire-lr-low, wire-lr-lowest and wire-lr-floor the lower rates), wire-best (each entry at
 #   its best rate from the sweeps, alone: the time figures), wire-long and wire-long-more (1200 steps at
 #   those rates), wire-seeds (the best rates from two more seeds),
-#   wire-ratios (stiefel at 4x and 8x)
+#   wire-ratios (stiefel at 4x and 8x), wire-vstep (the stiefel boundary's own cost: frozen and slower
+#   projections, k = d)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -123,6 +124,15 @@ for stage in $stages; do
           --json "$out/wire-ratios-$ratio.json" > "$out/wire-ratios-$ratio.log" 2>&1 &
       done
       wait; tail -n 8 "$out"/wire-ratios-*.log; rm -f "$out"/wire-ratios-*.png "$out"/wire-ratios-*.log ;;
+    wire-vstep)  # what the stiefel boundary costs at dense's best rate: frozen or slower projections, no compression
+      groups=("stiefel:16@1.5e-4 lr=1e-12" "stiefel:16@1.5e-4 lr=1e-4" "stiefel:1@1.5e-4 lr=1e-3" "stiefel:4@1.5e-4 lr=1e-3")
+      for i in "${!groups[@]}"; do
+        read -r entry boundary <<< "${groups[$i]}"
+        az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
+          --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200 --compressors "$entry" \
+          --boundary "$boundary" --json "$out/wire-vstep-$i.json" > "$out/wire-vstep-$i.log" 2>&1 &
+      done
+      wait; tail -n 8 "$out"/wire-vstep-*.log; rm -f "$out"/wire-vstep-*.png "$out"/wire-vstep-*.log ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
