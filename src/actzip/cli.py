@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from actzip.core.errors import ActzipError
+from actzip.core.errors import ActzipError, ConfigError
 
 
 # Options given as comma-separated lists on the command line, and the type of their items.
-_LIST_OPTIONS = {"strategies": str, "seq_lens": int, "presets": str, "methods": str, "compressors": str, "bandwidths": float}
+_LIST_OPTIONS = {"strategies": str, "seq_lens": int, "presets": str, "methods": str, "compressors": str,
+                 "bandwidths": float, "stage_lr_scale": float}
 
 
 def _config(cls, args: argparse.Namespace):
@@ -17,7 +18,11 @@ def _config(cls, args: argparse.Namespace):
     fields = {k: v for k, v in vars(args).items() if k in cls.__dataclass_fields__ and v is not None}
     for key, item in _LIST_OPTIONS.items():
         if isinstance(fields.get(key), str):
-            fields[key] = tuple(item(p) for p in fields[key].split(","))
+            try:
+                fields[key] = tuple(item(p) for p in fields[key].split(","))
+            except ValueError:
+                raise ConfigError(f"--{key.replace('_', '-')} takes comma-separated {item.__name__} values, "
+                                  f"got {fields[key]!r}") from None
     return cls(**fields)
 
 
@@ -348,7 +353,6 @@ def _bench_memory(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from actzip.bench.memory_suite import PARTS, run_suite
-    from actzip.core.errors import ConfigError
 
     parts = tuple(p.strip() for p in (args.parts or ",".join(PARTS)).split(",") if p.strip())
     bad = [p for p in parts if p not in PARTS]
@@ -492,6 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--lr", type=float)
     wb.add_argument("--lr-schedule", dest="lr_schedule", choices=["constant", "cosine"],
                     help="constant (default) or cosine: 5%% warm-up, decay to lr/10 over --steps")
+    wb.add_argument("--stage-lr-scale", dest="stage_lr_scale",
+                    help="one learning-rate factor per stage, comma-separated (0.3,1: the first stage at 0.3 lr)")
     wb.add_argument("--seed", type=int)
     wb.add_argument("--matmul-precision", dest="matmul_precision", choices=["highest", "high", "medium"],
                     help="float32 matmuls: highest (default) or high (TF32 on GPUs with it)")

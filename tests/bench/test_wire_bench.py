@@ -67,6 +67,16 @@ def test_an_entry_may_carry_its_own_learning_rate():
             parse_entry(bad)
 
 
+def test_each_stage_may_train_at_its_own_factor_of_the_entry_rate(capsys):
+    cfg = WireBenchConfig(compressors=("dense", "stiefel:16@6e-4"), lr=1e-3, stage_lr_scale=[0.5, 2])
+    assert cfg.stage_lr_scale == (0.5, 2.0)
+    assert [pipeline_config(cfg, e).stage_lr(1, 2) for e in cfg.compressors] == [2e-3, pytest.approx(1.2e-3)]
+    with pytest.raises(ConfigError, match="3 factors for 2 stages"):
+        WireBenchConfig(stage_lr_scale=(1, 1, 1))
+    assert main(["bench", "wire", "--stage-lr-scale", "x,1"]) != 0
+    assert "--stage-lr-scale takes comma-separated float values" in capsys.readouterr().err
+
+
 def test_a_learning_rate_sweep_measures_every_entry_against_the_best_dense_run(tmp_path, monkeypatch):
     from actzip.bench.wire import run_wire
 
@@ -114,7 +124,7 @@ def test_boundary_options_reach_the_stage_compressors_only():
 
 
 def test_processes_mode_runs_under_torchrun(tmp_path, monkeypatch):
-    from actzip.bench.wire import train_entry_processes
+    from actzip.bench.wire_processes import train_entry_processes
 
     monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
 
@@ -127,7 +137,7 @@ def test_processes_mode_runs_under_torchrun(tmp_path, monkeypatch):
 
 def test_processes_mode_trains_on_towards_the_target(tmp_path, monkeypatch):
     """Past --steps the ranks agree each step whether the last stage's smoothed loss reached the target."""
-    from actzip.bench.wire import train_entry_processes
+    from actzip.bench.wire_processes import train_entry_processes
 
     monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
 
@@ -146,7 +156,8 @@ def test_processes_mode_trains_on_towards_the_target(tmp_path, monkeypatch):
 def test_processes_mode_over_nccl_matches_one_process(tmp_path, monkeypatch, schedule):
     """Two GPUs, one process each, NCCL point-to-point both ways: the bytes of every step and the losses are
     those of the same pipeline run in one process (a deadlock would end in the NCCL watchdog's abort)."""
-    from actzip.bench.wire import Corpus, train_entry, train_entry_processes
+    from actzip.bench.wire import Corpus, train_entry
+    from actzip.bench.wire_processes import train_entry_processes
 
     monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")

@@ -83,6 +83,32 @@ def test_every_stage_follows_the_learning_rate_schedule():
         PipelineConfig(lr_schedule="cosine")
 
 
+def test_each_stage_trains_at_its_own_learning_rate_factor():
+    x, y = batch()
+    before = [[p.detach().clone() for p in m.parameters()] for m in split_gpt(CFG, 2, seed=0)]
+    pipe = SimulatedPipeline(split_gpt(CFG, 2, seed=0), PipelineConfig(microbatches=2, lr=1e-2,
+                                                                       stage_lr_scale=(0.5, 1e-9)))
+    assert [g["lr"] for g in pipe.workers[0].optimizer.param_groups] == [pytest.approx(5e-3)] * 2
+    pipe.train_step(x, y)
+    moved = [max((p.detach() - b).abs().max().item() for p, b in zip(w.module.parameters(), old))
+             for w, old in zip(pipe.workers, before)]
+    assert moved[0] > 1e-3 > 1e-9 > moved[1]  # AdamW moves every weight by about lr on the first step
+    cosine = SimulatedPipeline(split_gpt(CFG, 2), PipelineConfig(microbatches=2, lr=1e-2, lr_schedule="cosine",
+                                                                 lr_steps=20, stage_lr_scale=(2, 1)))
+    cosine.train_step(x, y)
+    lrs = [w.optimizer.param_groups[0]["lr"] for w in cosine.workers]
+    assert lrs[0] == pytest.approx(2 * lrs[1])  # the schedule scales each stage's own rate
+
+
+@pytest.mark.parametrize("scale,match", [((), "positive"), ((1.0, 0.0), "positive"), ((1.0, -1.0), "positive"),
+                                         (("a", 1.0), "positive"), ((1.0, float("inf")), "positive"),
+                                         ((1.0, 1.0, 1.0), "3 factors for 2 stages")])
+def test_bad_stage_lr_scale_is_named(scale, match):
+    with pytest.raises(ConfigError, match=match):
+        cfg = PipelineConfig(microbatches=2, stage_lr_scale=scale)
+        SimulatedPipeline(split_gpt(CFG, 2), cfg)
+
+
 def test_message_bytes_are_exactly_header_schema_and_buffers():
     x, y = batch(b=4, t=16)
     pipe = SimulatedPipeline(split_gpt(CFG, 2), PipelineConfig(microbatches=2, fwd_codec="quant:bits=8",

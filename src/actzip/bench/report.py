@@ -354,6 +354,8 @@ def _wire_section(path: Path, root: Path) -> str:
          "smoothed loss reaches the best dense run's.\n"),
         _provenance(rec, path, root) + "\n",
         *([f"Boundary options of the stage compressors: `{c['boundary']}`.\n"] if c.get("boundary") else []),
+        *([f"Learning-rate factor per stage: {', '.join(f'{f:g}' for f in c['stage_lr_scale'])}.\n"]
+          if c.get("stage_lr_scale") else []),
         *([f"Partial: the run was stopped at a time limit; finished entries: "
            f"{', '.join(dict.fromkeys(r['entry'] for r in rec['runs']))}.\n"] if rec.get("partial") else []),
         "| entry | B/token fwd | B/token bwd | fwd ratio | loss | vs dense | val | wall step ms | "

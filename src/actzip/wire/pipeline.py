@@ -33,6 +33,7 @@ of fixed shape to PyTorch's own ``torch.distributed.pipelining`` schedules inste
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -110,6 +111,9 @@ class PipelineConfig:
     # (see actzip.core.lr_schedule); a stage's own optimizer (configure_optimizer) follows it too
     lr_schedule: str = "constant"
     lr_steps: int | None = None  # length of the cosine schedule in steps (needed for "cosine")
+    # one factor per stage: stage i trains at lr * stage_lr_scale[i] (each stage owns its optimizer, so the stages
+    # on either side of a narrow boundary can learn at different rates); None: lr everywhere
+    stage_lr_scale: tuple[float, ...] | None = None
     weight_decay: float = 0.1  # AdamW weight decay on matrices and embeddings (>= 2 dims)
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas
     seed: int = 0  # base seed of the codecs' random draws
@@ -128,6 +132,22 @@ class PipelineConfig:
         check_lr_schedule("PipelineConfig", self.lr_schedule, self.lr_steps)
         BoundaryCodec(self.fwd_codec, direction="fwd")  # raises a ConfigError naming a bad spec now, not later
         BoundaryCodec(self.bwd_codec, direction="bwd")
+        if self.stage_lr_scale is not None:
+            scale = self.stage_lr_scale
+            if not isinstance(scale, (tuple, list)) or not scale or not all(
+                    isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < math.inf for f in scale):
+                raise ConfigError(f"PipelineConfig.stage_lr_scale must be positive finite numbers, one per stage, "
+                                  f"got {scale!r}")
+            self.stage_lr_scale = tuple(float(f) for f in scale)
+
+    def stage_lr(self, stage: int, n_stages: int) -> float:
+        """The learning rate of ``stage`` of ``n_stages``."""
+        if self.stage_lr_scale is None:
+            return self.lr
+        if len(self.stage_lr_scale) != n_stages:
+            raise ConfigError(f"PipelineConfig.stage_lr_scale has {len(self.stage_lr_scale)} factors for "
+                              f"{n_stages} stages: give one per stage")
+        return self.lr * self.stage_lr_scale[stage]
 
 
 def schedule_actions(schedule: str, n_stages: int, stage: int, microbatches: int) -> list[tuple[str, int]]:
@@ -153,12 +173,13 @@ def lm_loss(output, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(output.float().reshape(-1, output.size(-1)), targets.reshape(-1))
 
 
-def make_optimizer(module: nn.Module, cfg: PipelineConfig) -> torch.optim.Optimizer:
-    """AdamW with weight decay on parameters of >= 2 dims only (as the reference GPT configures it)."""
+def make_optimizer(module: nn.Module, cfg: PipelineConfig, lr: float | None = None) -> torch.optim.Optimizer:
+    """AdamW with weight decay on parameters of >= 2 dims only (as the reference GPT configures it), at ``lr``
+    (default ``cfg.lr``)."""
     params = [p for p in module.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+    return torch.optim.AdamW(groups, lr=cfg.lr if lr is None else lr, betas=tuple(cfg.betas))
 
 
 def _split(t: torch.Tensor | None, m: int, what: str) -> list:
@@ -186,8 +207,9 @@ class StageWorker:
         self.fwd_recv = None if self.first else BoundaryCodec(cfg.fwd_codec, direction="fwd")
         self.bwd_send = None if self.first else BoundaryCodec(cfg.bwd_codec, direction="bwd", seed=base + 1)
         own = getattr(module, "configure_optimizer", None)  # a stage may know better (e.g. Stiefel parameters)
-        self.optimizer = (own(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas)) if callable(own)
-                          else make_optimizer(module, cfg))
+        lr = cfg.stage_lr(stage, n_stages)
+        self.optimizer = (own(lr=lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas)) if callable(own)
+                          else make_optimizer(module, cfg, lr))
         self.lr_scheduler = lr_scheduler(self.optimizer, cfg.lr_schedule, cfg.lr_steps, "PipelineConfig")
         self.loss_fn = loss_fn or lm_loss
         self.actions: list[Action] = []
