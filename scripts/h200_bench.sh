@@ -11,7 +11,7 @@
 #   its best rate from the sweeps, alone: the time figures), wire-long and wire-long-more (1200 steps at
 #   those rates), wire-seeds (the best rates from two more seeds),
 #   wire-ratios (stiefel at 4x and 8x), wire-vstep (the stiefel boundary's own cost: frozen and slower
-#   projections, k = d)
+#   projections, k = d), wire-stage-lr (the stage after the boundary at a fraction of the rate)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -133,6 +133,16 @@ for stage in $stages; do
           --boundary "$boundary" --json "$out/wire-vstep-$i.json" > "$out/wire-vstep-$i.log" 2>&1 &
       done
       wait; tail -n 8 "$out"/wire-vstep-*.log; rm -f "$out"/wire-vstep-*.png "$out"/wire-vstep-*.log ;;
+    wire-stage-lr)  # the stage after the boundary at a fraction of the rate (side by side: losses only)
+      groups=("dense@1.5e-4 1,0.3" "dense@3e-4 1,0.3" "stiefel:16@1.5e-4 1,0.15" "stiefel:16@3e-4 1,0.15"
+              "stiefel:16@1.5e-4 1,0.3" "stiefel-rvq:100@1.5e-4 1,0.15")
+      for i in "${!groups[@]}"; do
+        read -r entry scale <<< "${groups[$i]}"
+        az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
+          --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200 --compressors "$entry" \
+          --stage-lr-scale "$scale" --json "$out/wire-stage-lr-$i.json" > "$out/wire-stage-lr-$i.log" 2>&1 &
+      done
+      wait; tail -n 8 "$out"/wire-stage-lr-*.log; rm -f "$out"/wire-stage-lr-*.png "$out"/wire-stage-lr-*.log ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \

@@ -30,6 +30,18 @@ def test_the_sweep_table_shows_each_entry_at_its_best_rate_against_the_best_dens
     assert "No dense" in sweep_markdown([_record([_run("x@1e-4", "quant", 8.0, 1e-4, 2.0, None)], ["quant:8@1e-4"])])
 
 
+def test_runs_with_stage_rate_factors_get_rows_of_their_own_and_the_best_dense_run_is_the_reference():
+    plain = _record([_run("dense@1e-4", "dense", 1.0, 1e-4, 2.0, 1.5),
+                     _run("stiefel:16@1e-4", "stiefel", 16.0, 1e-4, 2.2, 1.8)], ["dense@1e-4", "stiefel:16@1e-4"])
+    scaled = _record([_run("dense@1e-4", "dense", 1.0, 1e-4, 1.6, 1.2)], ["dense@1e-4"])
+    scaled["config"]["stage_lr_scale"] = [1.0, 0.3]
+    rows = {line.split(" | ")[0].strip("| "): line for line in sweep_markdown([plain, scaled]).splitlines()[2:]}
+    assert list(rows) == ["dense", "dense (stage rates x1, x0.3)", "stiefel:16"]
+    assert rows["dense"].endswith("| +25.0% | +25.0% |") and rows["stiefel:16"].endswith("| +37.5% | +50.0% |")
+    only_scaled = sweep_markdown([scaled])
+    assert "No dense" not in only_scaled and "dense (stage rates x1, x0.3)" in only_scaled
+
+
 def test_the_report_renders_a_sweep_folder(tmp_path):
     folder = tmp_path / "results" / "h200" / "wire-lr"
     folder.mkdir(parents=True)

@@ -66,26 +66,33 @@ def sweep_markdown(records: list[dict]) -> str:
     """A learning-rate sweep as one markdown table: each entry's training loss at every rate it ran (the
     last-10%-of-steps mean at equal tokens), its best rate in bold, and its gaps to the best dense run in training
     and validation loss. ``records`` are ``actzip bench wire`` records whose entries carry ``@lr``; a repeated
-    (entry, rate) shows every run's loss, and the lowest counts."""
+    (entry, rate) shows every run's loss, and the lowest counts. A record whose stages train at their own factors
+    of the rate (``stage_lr_scale``) gets rows of its own; the best dense run of any row is the reference."""
     runs: dict[str, dict[float, list[dict]]] = {}
+    dense_rows = set()
     for rec in records:
         seen = set()
+        scale = rec["config"].get("stage_lr_scale")
         for r in rec["runs"]:
             if r["entry"] in seen:
                 continue  # one row per entry and record (the runs repeat it per bandwidth)
             seen.add(r["entry"])
             name = r["compressor"] if r["compressor"] == "dense" else f"{r['compressor']}:{r['ratio']:g}"
+            if scale:  # stages at their own factors of the rate: a row of their own
+                name += f" (stage rates x{', x'.join(f'{f:g}' for f in scale)})"
+            if r["compressor"] == "dense":
+                dense_rows.add(name)
             runs.setdefault(name, {}).setdefault(r["lr"], []).append(r)
-    if "dense" not in runs:
+    if not dense_rows:
         return "No dense entry in the sweep: no gaps to show.\n"
     best = {name: min((min(rs, key=lambda r: r["final_loss"]) for rs in per_lr.values()),
                       key=lambda r: r["final_loss"]) for name, per_lr in runs.items()}
-    ref = best["dense"]
+    ref = min((best[n] for n in dense_rows), key=lambda r: r["final_loss"])  # the best dense run of any row
     rates = sorted({lr for per_lr in runs.values() for lr in per_lr})
     lines = ["| entry | fwd ratio | " + " | ".join(f"{lr:g}" for lr in rates)
              + " | best rate | vs best dense | val vs best dense |",
              "|---|---:|" + "---:|" * len(rates) + "---:|---:|---:|"]
-    for name, per_lr in sorted(runs.items(), key=lambda kv: (kv[0] != "dense", kv[0])):
+    for name, per_lr in sorted(runs.items(), key=lambda kv: (kv[0] not in dense_rows, kv[0])):
         b = best[name]
         cells = []
         for lr in rates:
