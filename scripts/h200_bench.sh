@@ -134,8 +134,8 @@ for stage in $stages; do
       done
       wait; tail -n 8 "$out"/wire-vstep-*.log; rm -f "$out"/wire-vstep-*.png "$out"/wire-vstep-*.log ;;
     wire-stage-lr)  # the stage after the boundary at a fraction of the rate (side by side: losses only)
-      groups=("dense@1.5e-4 1,0.3" "dense@3e-4 1,0.3" "stiefel:16@1.5e-4 1,0.15" "stiefel:16@3e-4 1,0.15"
-              "stiefel:16@1.5e-4 1,0.3" "stiefel-rvq:100@1.5e-4 1,0.15")
+      groups=("dense@3e-4 1,0.3" "stiefel:16@1.5e-4 1,0.15" "stiefel:16@3e-4 1,0.15" "stiefel:16@1.5e-4 1,0.3"
+              "stiefel-rvq:100@1.5e-4 1,0.15" "subspace:100@1.5e-4 0.3,1")
       for i in "${!groups[@]}"; do
         read -r entry scale <<< "${groups[$i]}"
         az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
