@@ -115,9 +115,10 @@ class WireBenchConfig:
         if self.matmul_precision not in ("highest", "high", "medium"):
             raise ConfigError("WireBenchConfig.matmul_precision must be highest, high or medium, got "
                               f"{self.matmul_precision!r}")
-        if self.stage_lr_scale is not None:
-            PipelineConfig(stage_lr_scale=self.stage_lr_scale).stage_lr(0, self.stages)  # checks them now
-            self.stage_lr_scale = tuple(float(f) for f in self.stage_lr_scale)
+        if self.stage_lr_scale is not None:  # the pipeline's own checks, now rather than after dense trains
+            checked = PipelineConfig(stage_lr_scale=self.stage_lr_scale)
+            checked.stage_lr(0, self.stages)
+            self.stage_lr_scale = checked.stage_lr_scale
         for name, ratio in map(parse_entry, self.compressors if self.boundary else ()):  # now, not after dense
             if name not in ("dense", *BYTE_CODECS):
                 boundary_config(name, self.gpt_config(), ratio, self.seed, **self.boundary_options())
