@@ -18,6 +18,22 @@ stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
 mkdir -p "$out"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 az() { python3 -m actzip "$@"; }
+# the 124M GPT in 2 stages for 300 steps, as the learning-rate sweeps run it
+wire300=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8
+         --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200)
+# beside NAME ARGS...: one `bench wire` (wire300 plus ARGS, split at spaces) per ARGS, all at once on the one GPU,
+# so only their losses count; writes NAME-<i>.json, then one log and no plots (fewer files to bring back)
+beside() {
+  local name=$1 i=0 words
+  shift
+  for spec in "$@"; do
+    read -ra words <<< "$spec"
+    az bench wire "${wire300[@]}" "${words[@]}" --json "$out/$name-$i.json" > "$out/$name-$i.log" 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+  tail -n 14 "$out/$name"-*.log | tee "$out/$name.log"; rm -f "$out/$name"-*.png "$out/$name"-*.log
+}
 for stage in $stages; do
   echo "== $stage $(date -u +%H:%M:%S)"
   case $stage in
@@ -70,8 +86,6 @@ for stage in $stages; do
     wire) az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 4 --batch-size 32 --microbatches 8 \
             --steps 600 --json "$out/wire.json" ;;
     wire-lr|wire-lr-low|wire-lr-lowest|wire-lr-floor)  # side by side on one GPU: losses only, times overlap
-      common=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8
-              --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200)
       if [ "$stage" = wire-lr ]; then
         groups=(dense@6e-4,dense@2e-3,subspace:100@2e-3,subspace:100@4e-3,bottleneck:100@2e-3
                 dense@1e-3,stiefel:16@3e-4,stiefel:16@6e-4,stiefel-rvq:100@6e-4,stiefel-rvq:100@2e-3
@@ -86,12 +100,7 @@ for stage in $stages; do
                 dense@4.5e-4,subspace:100@1.5e-4,stiefel:16@2e-4,stiefel-rvq:100@1.5e-4
                 quant:8@3e-4,delta:8@3e-4,stiefel:16@4.5e-4,stiefel-rvq:100@4e-4)
       fi
-      for i in "${!groups[@]}"; do
-        az bench wire "${common[@]}" --compressors "${groups[$i]}" --json "$out/$stage-$i.json" \
-          > "$out/$stage-$i.log" 2>&1 &
-      done
-      wait  # one log and no plots: fewer files to bring back
-      tail -n 14 "$out/$stage"-*.log | tee "$out/$stage.log"; rm -f "$out/$stage"-*.png "$out/$stage"-*.log ;;
+      beside "$stage" "${groups[@]/#/--compressors }" ;;
     wire-best)  # each stage compressor at its best rate of the sweeps, dense at its best, one run at a time
       az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
         --steps 300 --target-steps 2 --matmul-precision high \
@@ -109,40 +118,22 @@ for stage in $stages; do
         az bench wire "${common[@]}" --compressors stiefel:16@1e-4,stiefel-rvq:100@1.5e-4 --target-loss "$target" \
           --boundary anchor_rank=768,lr=1e-4 --json "$out/wire-long-124m-more.json"  # full-rank anchors
       fi ;;
-    wire-seeds)  # the swept best rates again from two other seeds (weights, batches, codec noise), side by side
-      for seed in 1 2; do
-        az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
-          --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200 --seed "$seed" \
-          --compressors dense@1.5e-4,subspace:100@1e-4,stiefel:16@7e-5 --json "$out/wire-seed$seed-124m.json" \
-          > "$out/wire-seed$seed.log" 2>&1 &
-      done
-      wait; tail -n 8 "$out"/wire-seed*.log; rm -f "$out"/wire-seed*-124m.png ;;
-    wire-ratios)  # stiefel at 4x and 8x, at stiefel:16's best rate, beside the sweep (same setup as wire-lr)
-      for ratio in 4 8; do
-        az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
-          --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200 --compressors "stiefel:$ratio@7e-5" \
-          --json "$out/wire-ratios-$ratio.json" > "$out/wire-ratios-$ratio.log" 2>&1 &
-      done
-      wait; tail -n 8 "$out"/wire-ratios-*.log; rm -f "$out"/wire-ratios-*.png "$out"/wire-ratios-*.log ;;
+    wire-seeds)  # the swept best rates again from seeds 1 and 2 (weights, batches, codec noise): wire-seeds-0, -1
+      beside wire-seeds "--seed 1 --compressors dense@1.5e-4,subspace:100@1e-4,stiefel:16@7e-5" \
+        "--seed 2 --compressors dense@1.5e-4,subspace:100@1e-4,stiefel:16@7e-5" ;;
+    wire-ratios)  # stiefel at 4x and 8x at stiefel:16's best rate, beside the sweep: wire-ratios-0, -1
+      beside wire-ratios "--compressors stiefel:4@7e-5" "--compressors stiefel:8@7e-5" ;;
     wire-vstep)  # what the stiefel boundary costs at dense's best rate: frozen or slower projections, no compression
-      groups=("stiefel:16@1.5e-4 lr=1e-12" "stiefel:16@1.5e-4 lr=1e-4" "stiefel:1@1.5e-4 lr=1e-3" "stiefel:4@1.5e-4 lr=1e-3")
-      for i in "${!groups[@]}"; do
-        read -r entry boundary <<< "${groups[$i]}"
-        az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
-          --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200 --compressors "$entry" \
-          --boundary "$boundary" --json "$out/wire-vstep-$i.json" > "$out/wire-vstep-$i.log" 2>&1 &
-      done
-      wait; tail -n 8 "$out"/wire-vstep-*.log; rm -f "$out"/wire-vstep-*.png "$out"/wire-vstep-*.log ;;
-    wire-stage-lr)  # the stage after the boundary at a fraction of the rate (side by side: losses only)
-      groups=("dense@3e-4 1,0.3" "stiefel:16@1.5e-4 1,0.15" "stiefel:16@3e-4 1,0.15" "stiefel:16@1.5e-4 1,0.3"
-              "stiefel-rvq:100@1.5e-4 1,0.15" "subspace:100@1.5e-4 0.3,1")
-      for i in "${!groups[@]}"; do
-        read -r entry scale <<< "${groups[$i]}"
-        az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
-          --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200 --compressors "$entry" \
-          --stage-lr-scale "$scale" --json "$out/wire-stage-lr-$i.json" > "$out/wire-stage-lr-$i.log" 2>&1 &
-      done
-      wait; tail -n 8 "$out"/wire-stage-lr-*.log; rm -f "$out"/wire-stage-lr-*.png "$out"/wire-stage-lr-*.log ;;
+      beside wire-vstep "--compressors stiefel:16@1.5e-4 --boundary lr=1e-12" \
+        "--compressors stiefel:16@1.5e-4 --boundary lr=1e-4" "--compressors stiefel:1@1.5e-4 --boundary lr=1e-3" \
+        "--compressors stiefel:4@1.5e-4 --boundary lr=1e-3" ;;
+    wire-stage-lr)  # the stage after the boundary at a fraction of the rate
+      beside wire-stage-lr "--compressors dense@3e-4 --stage-lr-scale 1,0.3" \
+        "--compressors stiefel:16@1.5e-4 --stage-lr-scale 1,0.15" \
+        "--compressors stiefel:16@3e-4 --stage-lr-scale 1,0.15" \
+        "--compressors stiefel:16@1.5e-4 --stage-lr-scale 1,0.3" \
+        "--compressors stiefel-rvq:100@1.5e-4 --stage-lr-scale 1,0.15" \
+        "--compressors subspace:100@1.5e-4 --stage-lr-scale 0.3,1" ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
