@@ -11,7 +11,9 @@
 #   its best rate from the sweeps, alone: the time figures), wire-long and wire-long-more (1200 steps at
 #   those rates), wire-seeds (the best rates from two more seeds),
 #   wire-ratios (stiefel at 4x and 8x), wire-vstep (the stiefel boundary's own cost: frozen and slower
-#   projections, k = d), wire-stage-lr (the stage after the boundary at a fraction of the rate)
+#   projections, k = d), wire-tie (one projection for both ends), wire-stage-lr (the stage after the boundary at a
+#   fraction of the rate), wire-stage-lr-more (more base rates and factors), wire-long-stage-lr (1200 steps
+#   with the best factors)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -118,6 +120,22 @@ for stage in $stages; do
         az bench wire "${common[@]}" --compressors stiefel:16@1e-4,stiefel-rvq:100@1.5e-4 --target-loss "$target" \
           --boundary anchor_rank=768,lr=1e-4 --json "$out/wire-long-124m-more.json"  # full-rank anchors
       fi ;;
+    wire-long-stage-lr|wire-long-stage-lr-more)  # 1200 fresh-window steps with the best stage factors of the 300-step sweeps, side by side
+      # wire-long-stage-lr-more: the second-best factors, and the best with a shared projection and full anchors
+      if [ "$stage" = wire-long-stage-lr ]; then
+        specs=("dense@3e-4 1,0.5 - dense" "stiefel:16@6e-4 1,0.075 - stiefel")
+      else
+        specs=("stiefel:16@3e-4 1,0.15 - stiefel-3e-4" "stiefel:16@6e-4 1,0.075 tie=true,anchor_rank=768 stiefel-tie")
+      fi
+      for spec in "${specs[@]}"; do
+        read -r entry factors options name <<< "$spec"
+        [ "$options" = - ] && options=""
+        az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
+          --steps 1200 --target-steps 1 --matmul-precision high --dataset-windows 0 --corpus-bytes 16000000 \
+          --bandwidths 200 --compressors "$entry" --stage-lr-scale "$factors" ${options:+--boundary "$options"} \
+          --json "$out/wire-long-stage-lr-$name.json" > /dev/null 2>&1 &
+      done
+      wait; rm -f "$out"/wire-long-stage-lr-*.png ;;
     wire-seeds)  # the swept best rates again from seeds 1 and 2 (weights, batches, codec noise): wire-seeds-0, -1
       beside wire-seeds "--seed 1 --compressors dense@1.5e-4,subspace:100@1e-4,stiefel:16@7e-5" \
         "--seed 2 --compressors dense@1.5e-4,subspace:100@1e-4,stiefel:16@7e-5" ;;
@@ -127,6 +145,12 @@ for stage in $stages; do
       beside wire-vstep "--compressors stiefel:16@1.5e-4 --boundary lr=1e-12" \
         "--compressors stiefel:16@1.5e-4 --boundary lr=1e-4" "--compressors stiefel:1@1.5e-4 --boundary lr=1e-3" \
         "--compressors stiefel:4@1.5e-4 --boundary lr=1e-3" ;;
+    wire-tie)  # one projection shared by both ends of the stiefel boundary, k = d to 16x, dense beside
+      beside wire-tie "--compressors dense@1.5e-4" "--compressors stiefel:1@1.5e-4 --boundary tie=true" \
+        "--compressors stiefel:4@1.5e-4 --boundary tie=true" \
+        "--compressors stiefel:16@1.5e-4 --boundary tie=true,lr=1e-4" \
+        "--compressors stiefel:16@7e-5 --boundary tie=true" \
+        "--compressors stiefel-rvq:100@1.5e-4 --boundary tie=true" ;;
     wire-stage-lr)  # the stage after the boundary at a fraction of the rate
       beside wire-stage-lr "--compressors dense@3e-4 --stage-lr-scale 1,0.3" \
         "--compressors stiefel:16@1.5e-4 --stage-lr-scale 1,0.15" \
@@ -134,6 +158,14 @@ for stage in $stages; do
         "--compressors stiefel:16@1.5e-4 --stage-lr-scale 1,0.3" \
         "--compressors stiefel-rvq:100@1.5e-4 --stage-lr-scale 1,0.15" \
         "--compressors subspace:100@1.5e-4 --stage-lr-scale 0.3,1" ;;
+    wire-stage-lr-more)  # dense and the compressors over more base rates and factors; k = d and 4x tied
+      beside wire-stage-lr-more "--compressors dense@3e-4 --stage-lr-scale 1,0.15" \
+        "--compressors dense@6e-4 --stage-lr-scale 1,0.15" "--compressors dense@6e-4 --stage-lr-scale 1,0.3" \
+        "--compressors dense@3e-4 --stage-lr-scale 1,0.5" "--compressors stiefel:16@6e-4 --stage-lr-scale 1,0.15" \
+        "--compressors stiefel:16@3e-4 --stage-lr-scale 1,0.1" \
+        "--compressors stiefel:16@6e-4 --stage-lr-scale 1,0.075" \
+        "--compressors subspace:100@3e-4 --stage-lr-scale 1,0.15" \
+        "--compressors stiefel:1@1.5e-4 --boundary tie=true" "--compressors stiefel:4@1.5e-4 --boundary tie=true" ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \

@@ -42,6 +42,15 @@ def test_runs_with_stage_rate_factors_get_rows_of_their_own_and_the_best_dense_r
     assert "No dense" not in only_scaled and "dense (stage rates x1, x0.3)" in only_scaled
 
 
+def test_runs_with_boundary_options_get_rows_of_their_own():
+    plain = _record([_run("dense@1e-4", "dense", 1.0, 1e-4, 2.0, 1.5),
+                     _run("stiefel:1@1e-4", "stiefel", 1.0, 1e-4, 2.1, 1.6)], ["dense@1e-4", "stiefel:1@1e-4"])
+    tied = _record([_run("stiefel:1@1e-4", "stiefel", 1.0, 1e-4, 2.0, 1.5)], ["stiefel:1@1e-4"])
+    tied["config"]["boundary"] = "tie=true"
+    rows = [line.split(" | ")[0].strip("| ") for line in sweep_markdown([plain, tied]).splitlines()[2:]]
+    assert rows == ["dense", "stiefel:1", "stiefel:1 [tie=true]"]
+
+
 def test_the_report_renders_a_sweep_folder(tmp_path):
     folder = tmp_path / "results" / "h200" / "wire-lr"
     folder.mkdir(parents=True)

@@ -109,3 +109,14 @@ def test_stepper_hides_the_gradient_from_other_optimizers_and_sums_microbatches(
     assert not torch.equal(v.detach(), before)
     assert orthonormality_error(v) < 1e-5
     assert not stepper.step()  # nothing pending
+
+
+def test_stepper_adds_a_far_ends_gradient_and_hands_its_own_over():
+    p = torch.nn.Parameter(random_stiefel(16, 4, seed=0))
+    stepper = StiefelStepper(p, lr=1e-2)
+    (p.sum() * 2).backward()
+    stepper.add_grad(torch.ones(16, 4))
+    taken = stepper.take_grad()
+    assert torch.equal(taken, torch.full((16, 4), 3.0)) and stepper.take_grad() is None and not stepper.pending
+    with pytest.raises(ConfigError, match=r"shape \(16, 4\), got \(4, 16\)"):
+        stepper.add_grad(torch.ones(4, 16))

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from actzip.core.errors import ConfigError
 from actzip.data import Corpus
 from actzip.models import GPTConfig
-from actzip.wire.stages import WireMeter, build_stages, run_chain
+from actzip.wire.stages import WireMeter, build_stages, exchange_backward, run_chain
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -156,6 +156,7 @@ def train_run(spec: str, cfg: WireStudyConfig, corpus: Corpus, target: float | N
         logits = run_chain(stages, x, meter)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         loss.backward()
+        exchange_backward(stages, meter)
         opt.step()
         opt.zero_grad(set_to_none=True)
         for s in stages:

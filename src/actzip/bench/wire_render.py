@@ -67,12 +67,14 @@ def sweep_markdown(records: list[dict]) -> str:
     last-10%-of-steps mean at equal tokens), its best rate in bold, and its gaps to the best dense run in training
     and validation loss. ``records`` are ``actzip bench wire`` records whose entries carry ``@lr``; a repeated
     (entry, rate) shows every run's loss, and the lowest counts. A record whose stages train at their own factors
-    of the rate (``stage_lr_scale``) gets rows of its own; the best dense run of any row is the reference."""
+    of the rate (``stage_lr_scale``) or with boundary options (``--boundary``) gets rows of its own; the best dense run
+    of any row is the reference."""
     runs: dict[str, dict[float, list[dict]]] = {}
     dense_rows = set()
     for rec in records:
         seen = set()
         scale = rec["config"].get("stage_lr_scale")
+        options = rec["config"].get("boundary")
         for r in rec["runs"]:
             if r["entry"] in seen:
                 continue  # one row per entry and record (the runs repeat it per bandwidth)
@@ -80,6 +82,8 @@ def sweep_markdown(records: list[dict]) -> str:
             name = r["compressor"] if r["compressor"] == "dense" else f"{r['compressor']}:{r['ratio']:g}"
             if scale:  # stages at their own factors of the rate: a row of their own
                 name += f" (stage rates x{', x'.join(f'{f:g}' for f in scale)})"
+            if options and r["compressor"] != "dense":  # boundary options (e.g. tie=true): a row of their own too
+                name += f" [{options}]"
             if r["compressor"] == "dense":
                 dense_rows.add(name)
             runs.setdefault(name, {}).setdefault(r["lr"], []).append(r)

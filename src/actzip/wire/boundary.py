@@ -36,16 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from actzip.codecs.rvq import (
-    CodebookDelta,
-    RVQCodebook,
-    RVQConfig,
-    RVQLearner,
-    straight_through,
-)
+from actzip.codecs.rvq import RVQConfig
 from actzip.codecs.sketch import derive_seed
 from actzip.core.errors import ConfigError
-from actzip.wire.stiefel import RETRACTIONS, StiefelStepper, random_stiefel
+from actzip.wire.stiefel import RETRACTIONS, random_stiefel
 
 __all__ = [  # fmt: skip
     "BottleneckConfig", "BoundaryConfig", "BoundaryReceiver", "BoundarySender", "DenseConfig", "StiefelConfig",
@@ -54,7 +48,6 @@ __all__ = [  # fmt: skip
 ]
 
 _CODE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
-_RVQ_KEYS = ("rvq_sync", "rvq_rows", "rvq_values")
 
 
 def id_bytes(vocab_size: int) -> int:
@@ -175,7 +168,8 @@ class BottleneckConfig(BoundaryConfig):
 
 @dataclass
 class StiefelConfig(BoundaryConfig):
-    """MAPL: a learned orthonormal V (d x k) per end, anchors from the token ids, optional RVQ of the code."""
+    """MAPL: a learned orthonormal V (d x k) per end or shared (``tie``), anchors from the token ids, optional
+    RVQ of the code (the modules are in :mod:`actzip.wire.stiefel_ends`)."""
 
     compressor: ClassVar[str] = "stiefel"
     local_fields: ClassVar[tuple[str, ...]] = ("lr", "method", "retraction")
@@ -186,6 +180,10 @@ class StiefelConfig(BoundaryConfig):
     lr: float = 1e-3  # Riemannian Adam step of V (after_optimizer_step)
     method: str = "adam"  # "adam" or "sgd" (see actzip.wire.stiefel.StiefelOptimizer)
     retraction: str = "qr"  # "qr" or "polar"
+    # One V for both ends (MAPL's per-boundary projection): the receiver returns its share of V's gradient
+    # after each step's backward, the sender steps V and sends it with the next message; d*k*4 bytes each way
+    # per step. Off: each end learns its own V, so V_r V_s^T drifts from the identity even at k = d.
+    tie: bool = False
     rvq: RVQConfig | None = None  # quantize the projected code (its dim must equal width)
 
     def __post_init__(self) -> None:
@@ -193,6 +191,8 @@ class StiefelConfig(BoundaryConfig):
         _check_int("StiefelConfig", "vocab_size", self.vocab_size)
         _check_int("StiefelConfig", "block_size", self.block_size)
         _check_int("StiefelConfig", "anchor_rank", self.anchor_rank, lo=0)
+        if not isinstance(self.tie, bool):
+            raise ConfigError(f"StiefelConfig.tie must be True or False, got {self.tie!r}")
         if self.retraction not in RETRACTIONS:
             raise ConfigError(f"StiefelConfig.retraction must be one of {list(RETRACTIONS)}, got {self.retraction!r}")
         if self.rvq is not None and (not isinstance(self.rvq, RVQConfig) or self.rvq.dim != self.width):
@@ -310,6 +310,15 @@ class BoundarySender(_End):
     def request_resync(self) -> None:
         """Send the full state with the next message (after the receiver reported a desync)."""
 
+    def wire_backward_accept(self, items: dict[str, torch.Tensor]) -> None:
+        """Take what the receiver returned with its last gradient message of a step (see
+        :meth:`BoundaryReceiver.wire_backward_items`); a sender that expects nothing refuses anything."""
+        if items:
+            raise ConfigError(
+                f"wire boundary ({self.cfg.compressor}): the sender got {sorted(items)} with a gradient message "
+                "but expects nothing there; build both ends of a boundary from the same config"
+            )
+
 
 class BoundaryReceiver(_End):
     """Start of stage ``i+1``: ``forward(message)`` -> ``(x (batch, seq, n_embd), ids or None)``."""
@@ -342,6 +351,11 @@ class BoundaryReceiver(_End):
     def wire_decode(self, msg, stale_ok: bool = False):
         """The stage input rebuilt from what arrived on the link (identity unless RVQ)."""
         return msg
+
+    def wire_backward_items(self) -> dict[str, torch.Tensor]:
+        """Tensors for the sender, sent with the last gradient message of a step, once this end's backward for
+        the step is done (a shared projection's gradient); none by default."""
+        return {}
 
     def after_optimizer_step(self) -> None:
         """Work after the optimizer step; nothing by default."""
@@ -463,123 +477,10 @@ class BottleneckReceiver(BoundaryReceiver):
         return F.pad(z, (0, self.cfg.n_embd - self.cfg.width)) + self.dec(z), None
 
 
-# ---- stiefel (MAPL) --------------------------------------------------------------------------------------
-
-
-def _stepper(cfg: StiefelConfig, p: nn.Parameter) -> StiefelStepper:
-    return StiefelStepper(p, lr=cfg.lr, method=cfg.method, retraction=cfg.retraction)
-
-
-class StiefelSender(BoundarySender):
-    def __init__(self, cfg: StiefelConfig) -> None:
-        super().__init__(cfg)
-        self.V = nn.Parameter(random_stiefel(cfg.n_embd, cfg.width, derive_seed(cfg.seed, 3)))
-        self.stepper = _stepper(cfg, self.V)
-        if cfg.rvq is not None:
-            self.book = RVQCodebook(cfg.rvq)
-            self.learner = RVQLearner(self.book)
-
-    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        cfg = self.cfg
-        if cfg.anchor_rank and ids is None:
-            raise ConfigError("wire boundary (stiefel): the sender needs the token ids for the receiver's anchors")
-        code = x @ self.V.to(x.dtype)
-        vocab = cfg.vocab_size if cfg.anchor_rank else None
-        if cfg.rvq is None:
-            return self._message(code.to(cfg.code_dtype or code.dtype), ids, vocab)
-        B, T, k = code.shape
-        flat = code.reshape(B * T, k)
-        idx, q, inputs = self.book.quantize(flat)
-        if self.training and torch.is_grad_enabled():
-            self.learner.observe(idx, inputs)
-        port = straight_through(flat.float(), q, cfg.rvq.commitment).view(B, T, k)
-        msg = self._message(port.to(cfg.code_dtype or torch.float32), ids, vocab)
-        state = [self.book.version, self.book.checksum, B, T]
-        msg["rvq_state"] = torch.tensor(state, dtype=torch.int64).to(x.device, non_blocking=True)
-        msg["rvq_idx"] = self.book.pack(idx)
-        delta = self.learner.take_message()
-        if delta is not None:
-            msg.update(delta.to_tensors())
-        return msg
-
-    def wire_encode(self, out):
-        """Drop the float ``code`` when RVQ indices replace it: the receiver rebuilds it from the codebook."""
-        if self.cfg.rvq is None:
-            return out
-        return {k: v for k, v in out.items() if k != "code"}
-
-    def after_optimizer_step(self) -> None:
-        self.stepper.step()
-        if self.cfg.rvq is not None:
-            self.learner.update()
-
-    def request_resync(self) -> None:
-        if self.cfg.rvq is not None:
-            self.learner.request_resync()
-
-
-class StiefelReceiver(BoundaryReceiver):
-    def __init__(self, cfg: StiefelConfig) -> None:
-        super().__init__(cfg)
-        self.V = nn.Parameter(random_stiefel(cfg.n_embd, cfg.width, derive_seed(cfg.seed, 3)))
-        self.stepper = _stepper(cfg, self.V)
-        r = cfg.anchor_rank
-        if r:
-            self.anchor_tok = nn.Parameter(torch.randn(cfg.vocab_size, r) * 0.02)
-            self.anchor_pos = nn.Parameter(torch.randn(cfg.block_size, r) * 0.02)
-            self.anchor_out = nn.Parameter(torch.randn(r, cfg.n_embd) / math.sqrt(r))
-        if cfg.rvq is not None:
-            self.book = RVQCodebook(cfg.rvq)
-
-    def wire_decode(self, msg, stale_ok: bool = False):
-        """Apply a codebook update, check it, rebuild ``code`` (``stale_ok``: with this codebook as it is)."""
-        if self.cfg.rvq is None:
-            return msg
-        return self._rvq_decode(self._open(msg), stale_ok)
-
-    def _rvq_decode(self, msg: dict, stale_ok: bool = False) -> dict:
-        if "rvq_sync" in msg:
-            delta = CodebookDelta.from_tensors(msg)
-            if not stale_ok or delta.base_version in (-1, self.book.version):
-                self.book.apply_delta(delta)
-            msg = {k: v for k, v in msg.items() if k not in _RVQ_KEYS}
-        if "rvq_state" not in msg or "rvq_idx" not in msg:
-            raise ConfigError("wire boundary (stiefel-rvq): the message lacks 'rvq_state' or 'rvq_idx'")
-        version, checksum, B, T = msg["rvq_state"].tolist()
-        if stale_ok:  # decoded under this end's codebook: the forward's own check compares against it
-            version, checksum = self.book.version, self.book.checksum
-            msg = dict(msg, rvq_state=msg["rvq_state"].new_tensor([version, checksum, B, T]))  # caller's untouched
-        self.book.verify(version, checksum)
-        if "code" not in msg:
-            idx = self.book.unpack(msg["rvq_idx"], B * T)
-            code = self.book.lookup(idx).view(B, T, self.cfg.width)
-            msg = dict(msg, code=code.to(self.cfg.code_dtype or torch.float32))
-        return msg
-
-    def forward(self, msg) -> tuple[torch.Tensor, torch.Tensor | None]:
-        msg = self._open(msg)
-        if self.cfg.rvq is not None:
-            msg = self._rvq_decode(msg)
-        cfg = self.cfg
-        code = self._code(msg)
-        V = self.V.to(torch.float32 if code.dtype in (torch.bfloat16, torch.float16) else code.dtype)
-        x = code.to(V.dtype) @ V.t()
-        if not cfg.anchor_rank:
-            return x, None
-        ids = self._ids(msg, cfg.vocab_size)
-        anchor = (self.anchor_tok[ids] + self.anchor_pos[: ids.shape[1]]) @ self.anchor_out
-        # Only the anchor's component outside span(V) is added: the code owns the span.
-        return x + anchor - (anchor @ V) @ V.t(), ids
-
-    def after_optimizer_step(self) -> None:
-        self.stepper.step()
-
-
 _PAIRS = {
     "dense": (DenseSender, DenseReceiver),
     "subspace": (SubspaceSender, SubspaceReceiver),
     "bottleneck": (BottleneckSender, BottleneckReceiver),
-    "stiefel": (StiefelSender, StiefelReceiver),
 }
 
 
@@ -589,4 +490,10 @@ def make_boundary(cfg: BoundaryConfig) -> tuple[BoundarySender, BoundaryReceiver
         raise ConfigError(f"make_boundary: expected one of {sorted(_PAIRS)} configs, got {cfg!r}")
     sender, receiver = _PAIRS[cfg.compressor]
     return sender(cfg), receiver(cfg)
+
+
+# The Stiefel ends subclass the ends above, so they come last.
+from actzip.wire.stiefel_ends import StiefelReceiver, StiefelSender  # noqa: E402
+
+_PAIRS["stiefel"] = (StiefelSender, StiefelReceiver)
 

@@ -72,6 +72,7 @@ SCHEDULES = ("gpipe", "1f1b")
 _TENSOR = "_"  # item name of a stage output that is a single tensor
 _IDS = "_ids"  # item name of the sample ids, sent when the forward codec keeps a per-sample cache
 _RESYNC = "_resync"  # item of a gradient message: the receiver's codebook was out of sync, send a snapshot
+_UP = "_up:"  # prefix of items of a step's last gradient message for the sender's module (wire_backward_items)
 _desyncs = 0  # codebook desyncs met by receivers in this process (each decoded stale, then resynchronized)
 
 
@@ -219,6 +220,7 @@ class StageWorker:
         self._step = 0
         self._x = self._y = self._ids = None
         self._step_loss: list[torch.Tensor] = []
+        self._backwards = 0  # backward actions done in this step: the last one returns the module's items
 
     # -- handshake --
 
@@ -252,6 +254,7 @@ class StageWorker:
         self._y = _split(y, m, "the target batch") if self.last else None
         self._ids = _split(ids, m, "the sample ids") if self.first else None
         self._step_loss = []
+        self._backwards = 0
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -340,6 +343,13 @@ class StageWorker:
             items = dict(msg.items)
             if items.pop(_RESYNC, None) is not None and callable(getattr(self.module, "request_resync", None)):
                 self.module.request_resync()  # the next forward message carries the whole codebook
+            up = {k[len(_UP):]: items.pop(k) for k in [k for k in items if k.startswith(_UP)]}
+            if up:
+                accept = getattr(self.module, "wire_backward_accept", None)
+                if not callable(accept):
+                    raise WireDesyncError(f"stage {self.stage}: the gradient message carries {sorted(up)} for a "
+                                          f"module without wire_backward_accept")
+                accept(up)
             grads = self.bwd_recv.decode(items)
             unknown = sorted(set(grads) - set(saved))
             if unknown:
@@ -350,9 +360,13 @@ class StageWorker:
                 torch.autograd.backward([saved[k] for k in keys], [grads[k].to(saved[k].dtype) for k in keys])
             recv_key = (self.stage, "bwd", self._step, mb)
         send_key, nbytes = None, 0
+        self._backwards += 1
         if not self.first:
             g = {k: v.grad for k, v in leaves.items() if isinstance(v, torch.Tensor) and v.grad is not None}
             enc = self.bwd_send.encode(g)
+            items_up = getattr(self.module, "wire_backward_items", None)
+            if self._backwards == self.cfg.microbatches and callable(items_up):  # the step's backward is done
+                enc.update({_UP + k: v for k, v in items_up().items()})
             if mb in self._resync:
                 self._resync.discard(mb)
                 enc[_RESYNC] = torch.ones(1, dtype=torch.uint8, device=self.device)

@@ -13,13 +13,16 @@ A runner moving messages between processes does, per boundary::
     inp = stage_j.wire_decode(received)        # the receiver rebuilds what the link dropped, checks state
     # mark inp's floating-point tensors requires_grad, run stage_j, and send back their .grad by key;
     # stage_i then calls torch.autograd.backward([out[k] ...], [grad[k] ...]).
+    # after a step's last backward, receiver -> sender (a tied Stiefel projection's gradient share):
+    stage_i.wire_backward_accept(stage_j.wire_backward_items())
     ...optimizer.step(); stage.after_optimizer_step()   # Stiefel step, codebook update
 
 A receiver that finds its codebook out of sync raises :class:`actzip.codecs.rvq.CodebookDesyncError`; the
 runner then calls ``stage_i.request_resync()`` and the next message carries the whole codebook. (actzip's
 runner recovers by itself: it decodes that message with the receiver's codebook as it is and asks the sender
 for a snapshot with the microbatch's gradient.)
-:func:`run_chain` does all of this in one process (tests, single-process studies) and meters the bytes.
+:func:`run_chain` does all of this in one process (tests, single-process studies) and meters the bytes;
+:func:`exchange_backward` does the step's receiver-to-sender hand-over after the backward.
 
 Weights: the stages hold the modules of one ``GPT(cfg)`` built under ``seed``, so for ``dense`` the chained
 stages compute exactly the unsplit model's logits. With ``tie_weights`` the output head becomes a copy of the
@@ -52,7 +55,7 @@ from actzip.wire.boundary import (
     make_boundary,
 )
 
-__all__ = ["COMPRESSORS", "Stage", "WireMeter", "boundary_config", "build_stages", "run_chain"]
+__all__ = ["COMPRESSORS", "Stage", "WireMeter", "boundary_config", "build_stages", "exchange_backward", "run_chain"]
 
 COMPRESSORS = ("dense", "subspace", "bottleneck", "stiefel", "stiefel-rvq")
 
@@ -220,6 +223,18 @@ class Stage(nn.Module):
         from a codebook desync in :mod:`actzip.wire.pipeline`)."""
         return msg if self.receiver is None else self.receiver.wire_decode(msg, stale_ok)
 
+    def wire_backward_items(self) -> dict[str, torch.Tensor]:
+        """What this stage's receiver returns to the previous stage once the step's backward is done (a tied
+        Stiefel projection's gradient share); send it with the step's last gradient message."""
+        return {} if self.receiver is None else self.receiver.wire_backward_items()
+
+    def wire_backward_accept(self, items: dict[str, torch.Tensor]) -> None:
+        """Hand what the next stage's :meth:`wire_backward_items` returned to this stage's sender."""
+        if self.sender is not None:
+            self.sender.wire_backward_accept(items)
+        elif items:
+            raise ConfigError(f"stage {self.index} has no sender to take {sorted(items)}")
+
     def after_optimizer_step(self) -> None:
         """Call after every optimizer step: Stiefel steps and codebook updates of this stage's boundary ends."""
         for end in (self.receiver, self.sender):
@@ -290,6 +305,7 @@ def build_stages(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         gpt = GPT(cfg)
+        ends = [make_boundary(bcfg) for _ in range(n_stages - 1)]  # learned anchors: seeded too
     blocks = list(gpt.h)
     if cfg.tie_weights and n_stages > 1:
         gpt.lm_head.weight = nn.Parameter(gpt.lm_head.weight.detach().clone())
@@ -300,7 +316,6 @@ def build_stages(
         confined = cfg.n_layer if bcfg.confine_last_stage else _split(cfg.n_layer, n_stages)[-1].start
         for block in blocks[:confined]:
             _confine(block, U, cfg.dropout)
-    ends = [make_boundary(bcfg) for _ in range(n_stages - 1)]
     stages = []
     for i, layers in enumerate(_split(cfg.n_layer, n_stages)):
         stages.append(
@@ -369,6 +384,18 @@ def _receive(out, msg, meter: WireMeter | None, boundary: int):
     if isinstance(msg, dict):
         return {k: link(out.get(k) if isinstance(out, dict) else None, v) for k, v in msg.items()}
     return link(out, msg)
+
+
+def exchange_backward(stages: list[Stage], meter: WireMeter | None = None) -> None:
+    """After the backward of a step chained by :func:`run_chain`: hand every receiver's
+    :meth:`Stage.wire_backward_items` to the sender before it (a tied Stiefel projection's gradient), metering
+    them as backward bytes. Call it before the optimizer step."""
+    for i in range(1, len(stages)):
+        items = stages[i].wire_backward_items()
+        if meter is not None and items:
+            meter._grow(i - 1)
+            meter.bwd_bytes[i - 1] += message_nbytes(items)
+        stages[i - 1].wire_backward_accept({k: v.detach().clone() for k, v in items.items()})
 
 
 def run_chain(stages: list[Stage], idx: torch.Tensor, meter: WireMeter | None = None) -> torch.Tensor:

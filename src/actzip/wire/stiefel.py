@@ -223,6 +223,19 @@ class StiefelStepper:
         self._grad = g.detach().clone() if self._grad is None else self._grad.add_(g.detach())
         p.grad = None
 
+    def add_grad(self, grad: torch.Tensor) -> None:
+        """Add a gradient computed elsewhere (the far end's share of a projection both ends use)."""
+        if grad.shape != self.param.shape:
+            raise ConfigError(f"StiefelStepper.add_grad: expected a gradient of shape {tuple(self.param.shape)}, "
+                              f"got {tuple(grad.shape)}")
+        g = grad.detach().to(self.param.device, self.param.dtype)
+        self._grad = g.clone() if self._grad is None else self._grad.add_(g)
+
+    def take_grad(self) -> torch.Tensor | None:
+        """The gradient summed since the last call (``None`` if none), without stepping."""
+        g, self._grad = self._grad, None
+        return g
+
     @property
     def pending(self) -> bool:
         """Whether a gradient is waiting for :meth:`step`."""
