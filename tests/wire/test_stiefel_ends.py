@@ -147,3 +147,23 @@ def test_gloo_ranks_share_v_and_match_the_simulated_pipeline():
     # The receiver got V up to the last step it saw a message for; the sender is one step ahead.
     assert r0["version"] == 3 and r1["version"] == 2
     torch.testing.assert_close(torch.tensor(r0["V"]), stages[0].sender.V.detach(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("compressor, ratio, options", [("stiefel", 4.0, {"tie": True}),
+                                                        ("stiefel-rvq", 100.0, {"rvq_sync_every": 1})])
+def test_a_lossy_byte_codec_leaves_synced_state_exact(compressor, ratio, options):
+    """A 4-bit forward codec compresses the code, never the projection or codebook updates."""
+    from actzip.wire import pipeline
+
+    stages = build_stages(CFG, 2, compressor, ratio, seed=0, **options)
+    pipe = SimulatedPipeline(stages, PipelineConfig(microbatches=2, fwd_codec="quant:bits=4", lr=1e-2))
+    desyncs = pipeline.codebook_desyncs()
+    for s in range(3):
+        pipe.train_step(ids(s), ids(s + 10))
+    pipe.eval_loss(ids(7), ids(8))
+    sender, receiver = stages[0].sender, stages[1].receiver
+    if options.get("tie"):
+        assert sender.v_version == 3 and torch.equal(sender.V, receiver.V)
+    else:
+        assert sender.book.version > 0 and torch.equal(sender.book.codebook, receiver.book.codebook)
+        assert pipeline.codebook_desyncs() == desyncs

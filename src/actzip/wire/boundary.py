@@ -284,6 +284,8 @@ def subspace_tensors(cfg: SubspaceConfig) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 class _End(nn.Module):
+    exact_keys: ClassVar[tuple[str, ...]] = ()  # message items a lossy byte codec must not touch (synced state)
+
     def __init__(self, cfg: BoundaryConfig) -> None:
         super().__init__()
         self.cfg = cfg

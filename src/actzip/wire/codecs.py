@@ -187,14 +187,15 @@ class BoundaryCodec:
         fn = getattr(self.codec, "state_digest", None)
         return int(fn()) if callable(fn) else 0
 
-    def encode(self, items: dict[str, torch.Tensor], ids=None) -> dict[str, torch.Tensor | Payload]:
-        """Encode the floating-point tensors of ``items``; the others pass unchanged."""
+    def encode(self, items: dict[str, torch.Tensor], ids=None, exact=()) -> dict[str, torch.Tensor | Payload]:
+        """Encode the floating-point tensors of ``items``; the others, and those named in ``exact`` (state both
+        ends must hold bit for bit, such as a codebook update), pass unchanged."""
         out = {}
         for name, t in items.items():
             if not isinstance(t, torch.Tensor):
                 raise ConfigError(f"{self.direction} item {name!r} is a {type(t).__name__}; stages exchange tensors")
             t = t.detach()
-            if self.codec is None or not t.dtype.is_floating_point or t.numel() == 0:
+            if self.codec is None or not t.dtype.is_floating_point or t.numel() == 0 or name in exact:
                 out[name] = t
             elif self.needs_ids:
                 out[name] = self.codec.encode(t, ids, name=f"{self.direction} tensor {name!r}")
@@ -202,8 +203,8 @@ class BoundaryCodec:
                 out[name] = self.codec.encode(t, name=f"{self.direction} tensor {name!r}")
         return out
 
-    def decode(self, items: dict, ids=None) -> dict[str, torch.Tensor]:
-        """Decode a received message's items back to tensors."""
+    def decode(self, items: dict, ids=None, exact=()) -> dict[str, torch.Tensor]:
+        """Decode a received message's items back to tensors (those named in ``exact`` arrive raw)."""
         out = {}
         for name, item in items.items():
             if isinstance(item, Payload):
@@ -213,7 +214,7 @@ class BoundaryCodec:
                         f"{self.direction} codec is {str(self.spec)!r}")
                 out[name] = self.codec.decode(item, ids) if self.needs_ids else self.codec.decode(item)
             else:
-                if self.codec is not None and item.dtype.is_floating_point and item.numel():
+                if self.codec is not None and item.dtype.is_floating_point and item.numel() and name not in exact:
                     raise WireConfigMismatchError(
                         f"{self.direction} item {name!r} arrived raw but this end's {self.direction} codec is "
                         f"{str(self.spec)!r}")

@@ -221,6 +221,7 @@ class StageWorker:
         self._x = self._y = self._ids = None
         self._step_loss: list[torch.Tensor] = []
         self._backwards = 0  # backward actions done in this step: the last one returns the module's items
+        self._exact = frozenset(getattr(module, "wire_exact_keys", ()))  # state items no lossy codec may touch
 
     # -- handshake --
 
@@ -270,7 +271,7 @@ class StageWorker:
         t0 = time.perf_counter()
         items = dict(msg.items)
         ids = items.pop(_IDS, None)
-        dec = self.fwd_recv.decode(items, ids)
+        dec = self.fwd_recv.decode(items, ids, exact=self._exact)
         msg = dec[_TENSOR] if set(dec) == {_TENSOR} else dec
         wire_decode = getattr(self.module, "wire_decode", None)
         if callable(wire_decode):
@@ -302,7 +303,7 @@ class StageWorker:
         items = self._items(out, "output")  # kept for the backward
         wire_encode = getattr(self.module, "wire_encode", None)
         wire = self._items(wire_encode(out), "wire message") if callable(wire_encode) else items
-        enc = self.fwd_send.encode(wire, ids if self.fwd_send.needs_ids else None)
+        enc = self.fwd_send.encode(wire, ids if self.fwd_send.needs_ids else None, exact=self._exact)
         if self.fwd_send.needs_ids and ids is not None:
             enc[_IDS] = ids.to(torch.int32) if ids.max() < 2**31 else ids
         state = self.fwd_send.state_digest()

@@ -223,6 +223,12 @@ class Stage(nn.Module):
         from a codebook desync in :mod:`actzip.wire.pipeline`)."""
         return msg if self.receiver is None else self.receiver.wire_decode(msg, stale_ok)
 
+    @property
+    def wire_exact_keys(self) -> tuple[str, ...]:
+        """Message items of this stage's boundary ends that must cross bit for bit (codebook and projection
+        updates): a runner's lossy byte codec leaves them alone."""
+        return tuple(k for end in (self.receiver, self.sender) if end is not None for k in end.exact_keys)
+
     def wire_backward_items(self) -> dict[str, torch.Tensor]:
         """What this stage's receiver returns to the previous stage once the step's backward is done (a tied
         Stiefel projection's gradient share); send it with the step's last gradient message."""

@@ -33,6 +33,7 @@ __all__ = ["StiefelReceiver", "StiefelSender"]
 
 _RVQ_KEYS = ("rvq_sync", "rvq_rows", "rvq_values")
 _V_GRAD = "v_grad"  # the receiver's share of V's gradient, returned once per step
+_STATE_KEYS = ("v_sync", "v_state", *_RVQ_KEYS, "rvq_state", "rvq_idx")  # both ends hold these bit for bit
 
 
 def _stepper(cfg: StiefelConfig, p: nn.Parameter) -> StiefelStepper:
@@ -44,6 +45,8 @@ def _initial_v(cfg: StiefelConfig) -> nn.Parameter:
 
 
 class StiefelSender(BoundarySender):
+    exact_keys = _STATE_KEYS
+
     def __init__(self, cfg: StiefelConfig) -> None:
         super().__init__(cfg)
         self.V = _initial_v(cfg)
@@ -128,6 +131,8 @@ class StiefelSender(BoundarySender):
 
 
 class StiefelReceiver(BoundaryReceiver):
+    exact_keys = _STATE_KEYS
+
     def __init__(self, cfg: StiefelConfig) -> None:
         super().__init__(cfg)
         self.V = _initial_v(cfg)
