@@ -487,6 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "anchor_rank=256,lr=1e-4 (StiefelConfig, SubspaceConfig, BottleneckConfig fields)")
     wb.add_argument("--bwd-codec", dest="bwd_codec", help="backward codec spec for the byte codecs (default: "
                     "follow the forward one)")
+    wb.add_argument("--stage-codec", dest="stage_codec", help="byte codec on the stage compressors' codes, both "
+                    "ways unless --bwd-codec is given, e.g. quant:bits=8 (default: raw codes)")
     wb.add_argument("--bandwidths", help="comma-separated link speeds in Mbps (default 80,200)")
     wb.add_argument("--latency-ms", type=float, dest="latency_ms", help="one-way link latency (default 50)")
     wb.add_argument("--schedule", choices=["gpipe", "1f1b"])

@@ -57,6 +57,19 @@ def test_entries_and_codecs():
         WireBenchConfig(compressors=("dense", "dense"))
 
 
+def test_a_byte_codec_may_compress_the_stage_compressors_codes():
+    assert codec_specs("stiefel", 4, stage="quant:bits=8") == ("quant:bits=8", "quant:bits=8")
+    assert codec_specs("subspace", 25, "none", "quant:bits=8") == ("quant:bits=8", "none")
+    assert codec_specs("dense", 1, stage="quant:bits=8") == ("none", "none")  # the baseline stays raw
+    assert codec_specs("quant", 8, stage="quant:bits=2") == ("quant:bits=4", "quant:bits=4")  # its own codec
+    cfg = WireBenchConfig(model="tiny", compressors=("dense", "stiefel:4"), stage_codec="quant:bits=8")
+    assert pipeline_config(cfg, "stiefel:4").fwd_codec == "quant:bits=8"
+    with pytest.raises(ConfigError, match="stage_codec: unknown codec 'zip'"):
+        WireBenchConfig(stage_codec="zip:bits=8")
+    with pytest.raises(ConfigError, match="bwd_codec: codec 'quant' has no option"):
+        WireBenchConfig(bwd_codec="quant:bitz=8")
+
+
 def test_an_entry_may_carry_its_own_learning_rate():
     assert parse_entry("subspace:100@2e-3") == ("subspace", 100.0) and parse_entry("dense@3e-4") == ("dense", 1.0)
     assert entry_lr("subspace:100@2e-3", 1e-3) == 2e-3 and entry_lr("subspace:100", 1e-3) == 1e-3

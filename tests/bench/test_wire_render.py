@@ -49,6 +49,9 @@ def test_runs_with_boundary_options_get_rows_of_their_own():
     tied["config"]["boundary"] = "tie=true"
     rows = [line.split(" | ")[0].strip("| ") for line in sweep_markdown([plain, tied]).splitlines()[2:]]
     assert rows == ["dense", "stiefel:1", "stiefel:1 [tie=true]"]
+    coded = _record([_run("stiefel:4@1e-4", "stiefel", 4.0, 1e-4, 2.0, 1.5) | {"fwd_codec": "quant:bits=8"}],
+                    ["stiefel:4@1e-4"])
+    assert "| stiefel:4 + quant:bits=8 |" in sweep_markdown([plain, coded])
 
 
 def test_the_report_renders_a_sweep_folder(tmp_path):

@@ -30,10 +30,11 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from actzip.core.errors import ConfigError
+from actzip.core.errors import ActzipError, ConfigError
 from actzip.core.lr_schedule import check_lr_schedule
 from actzip.data import Corpus
 from actzip.models import GPT, GPTConfig
+from actzip.wire.codecs import BoundaryCodec
 from actzip.wire.link import LinkSpec, Timeline, simulate
 from actzip.wire.pipeline import PipelineConfig, SimulatedPipeline
 from actzip.wire.stages import boundary_config, parse_boundary_options
@@ -59,6 +60,9 @@ class WireBenchConfig:
     compressors: tuple[str, ...] = ("dense", "quant:8", "mask:8", "topk:8", "delta:8", "subspace:100",
                                     "bottleneck:100", "stiefel:16", "stiefel-rvq:100")
     bwd_codec: str | None = None  # backward codec spec for the byte codecs (None: follow the forward one)
+    # byte codec on the code of the stage compressors, both directions unless bwd_codec says otherwise
+    # (e.g. "quant:bits=8": stiefel:4 with 8-bit codes is about 16x); None: raw codes
+    stage_codec: str | None = None
     bandwidths: tuple[float, ...] = (80.0, 200.0)  # Mbps of the simulated links
     latency_ms: float = 50.0  # one-way latency of every link
     schedule: str = "gpipe"  # "gpipe" or "1f1b"
@@ -119,6 +123,12 @@ class WireBenchConfig:
             checked = PipelineConfig(stage_lr_scale=self.stage_lr_scale)
             checked.stage_lr(0, self.stages)
             self.stage_lr_scale = checked.stage_lr_scale
+        for option, direction in (("stage_codec", "fwd"), ("bwd_codec", "bwd")):  # named errors before training
+            if getattr(self, option):
+                try:
+                    BoundaryCodec(getattr(self, option), direction=direction)
+                except ActzipError as e:
+                    raise ConfigError(f"WireBenchConfig.{option}: {e}") from None
         for name, ratio in map(parse_entry, self.compressors if self.boundary else ()):  # now, not after dense
             if name not in ("dense", *BYTE_CODECS):
                 boundary_config(name, self.gpt_config(), ratio, self.seed, **self.boundary_options())
@@ -165,10 +175,13 @@ def entry_lr(entry: str, default: float) -> float:
     return lr
 
 
-def codec_specs(name: str, ratio: float, bwd: str | None = None) -> tuple[str, str]:
-    """Forward and backward codec specs of a byte-codec entry (``"none"`` for the others)."""
+def codec_specs(name: str, ratio: float, bwd: str | None = None, stage: str | None = None) -> tuple[str, str]:
+    """Forward and backward codec specs of an entry: a byte codec's own, or ``stage`` (``"none"`` if not given)
+    on a stage compressor's code; ``bwd`` replaces the backward one."""
     if name not in BYTE_CODECS:
-        return "none", "none"
+        if name == "dense" or not stage:
+            return "none", "none"
+        return stage, bwd or stage
     if name in ("quant", "delta"):
         q = f"quant:bits={int(32 / ratio)}"
         fwd = q if name == "quant" else f"delta:bits={int(32 / ratio)}"
@@ -183,7 +196,7 @@ def codec_specs(name: str, ratio: float, bwd: str | None = None) -> tuple[str, s
 def pipeline_config(cfg: WireBenchConfig, entry: str) -> PipelineConfig:
     """The pipeline settings of one entry."""
     name, ratio = parse_entry(entry)
-    fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
+    fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec, cfg.stage_codec)
     return PipelineConfig(schedule=cfg.schedule, microbatches=cfg.microbatches, fwd_codec=fwd, bwd_codec=bwd,
                           lr=entry_lr(entry, cfg.lr), lr_schedule=cfg.lr_schedule, lr_steps=cfg.steps, seed=cfg.seed,
                           compressor="dense" if name in BYTE_CODECS else name, ratio=ratio, timeout_s=cfg.timeout_s,
@@ -293,7 +306,7 @@ def train_entry(cfg: WireBenchConfig, entry: str, device: torch.device, corpus: 
     reaches ``target``; its losses, trace and bytes (before any link is applied)."""
     name, ratio = parse_entry(entry)
     gcfg = cfg.gpt_config()
-    fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
+    fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec, cfg.stage_codec)
     if cfg.mode == "processes":
         from actzip.bench.wire_processes import train_entry_processes  # it imports this module
 

@@ -71,7 +71,7 @@ def train_entry_processes(cfg: WireBenchConfig, entry: str, device: torch.device
     gcfg = cfg.gpt_config()
     tokens = cfg.steps * cfg.batch_size * gcfg.block_size
     acts = [Action.from_tuple(a) for a in res["actions"]]
-    fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec)
+    fwd, bwd = codec_specs(name, ratio, cfg.bwd_codec, cfg.stage_codec)
     counted = [a for a in acts if a.step < cfg.steps]  # equal tokens: the first `steps` steps
 
     def per_token(kind: str) -> float:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from actzip.wire.stages import COMPRESSORS
+
+STAGE_COMPRESSORS = tuple(c for c in COMPRESSORS if c != "dense")  # built into the stages, not byte codecs
+
 
 def plot(record: dict, path) -> None:
     """Training loss vs bytes sent per boundary, and vs simulated time at 200 Mbps (or the last bandwidth)."""
@@ -84,6 +88,8 @@ def sweep_markdown(records: list[dict]) -> str:
                 name += f" (stage rates x{', x'.join(f'{f:g}' for f in scale)})"
             if options and r["compressor"] != "dense":  # boundary options (e.g. tie=true): a row of their own too
                 name += f" [{options}]"
+            if r.get("fwd_codec", "none") != "none" and r["compressor"] in STAGE_COMPRESSORS:  # a coded code
+                name += f" + {r['fwd_codec']}"
             if r["compressor"] == "dense":
                 dense_rows.add(name)
             runs.setdefault(name, {}).setdefault(r["lr"], []).append(r)
