@@ -13,7 +13,7 @@
 #   wire-ratios (stiefel at 4x and 8x), wire-vstep (the stiefel boundary's own cost: frozen and slower
 #   projections, k = d), wire-tie (one projection for both ends), wire-stage-lr (the stage after the boundary at a
 #   fraction of the rate), wire-stage-lr-more (more base rates and factors), wire-long-stage-lr (1200 steps
-#   with the best factors)
+#   with the best factors), wire-code-bits (8-bit codes of 4x the width at the same bytes)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -166,6 +166,13 @@ for stage in $stages; do
         "--compressors stiefel:16@6e-4 --stage-lr-scale 1,0.075" \
         "--compressors subspace:100@3e-4 --stage-lr-scale 1,0.15" \
         "--compressors stiefel:1@1.5e-4 --boundary tie=true" "--compressors stiefel:4@1.5e-4 --boundary tie=true" ;;
+    wire-code-bits)  # more code values at 8 bits each for the same bytes: about 100x and 16x, beside each other
+      beside wire-code-bits "--compressors subspace:28@1e-4 --stage-codec quant:bits=8" \
+        "--compressors subspace:28@3e-4 --stage-codec quant:bits=8" \
+        "--compressors stiefel:4@7e-5 --stage-codec quant:bits=8" \
+        "--compressors stiefel:4@1.5e-4 --stage-codec quant:bits=8" \
+        "--compressors stiefel:4@6e-4 --stage-codec quant:bits=8 --stage-lr-scale 1,0.075" \
+        "--compressors subspace:28@3e-4 --stage-codec quant:bits=8 --stage-lr-scale 1,0.5" ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
