@@ -13,7 +13,8 @@
 #   wire-ratios (stiefel at 4x and 8x), wire-vstep (the stiefel boundary's own cost: frozen and slower
 #   projections, k = d), wire-tie (one projection for both ends), wire-stage-lr (the stage after the boundary at a
 #   fraction of the rate), wire-stage-lr-more (more base rates and factors), wire-long-stage-lr (1200 steps
-#   with the best factors), wire-code-bits (8-bit codes of 4x the width at the same bytes)
+#   with the best factors), wire-code-bits (8-bit codes of 4x the width at the same bytes), wire-long-code-bits
+#   (1200 steps of those)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -23,6 +24,9 @@ az() { python3 -m actzip "$@"; }
 # the 124M GPT in 2 stages for 300 steps, as the learning-rate sweeps run it
 wire300=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8
          --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200)
+# the same for 1200 steps, every batch fresh windows (no memorising a fixed set); later options win
+long="--steps 1200 --dataset-windows 0 --corpus-bytes 16000000"
+anchors768="--boundary anchor_rank=768,lr=1e-4"  # full-rank anchors at d = 768
 # beside NAME ARGS...: one `bench wire` (wire300 plus ARGS, split at spaces) per ARGS, all at once on the one GPU,
 # so only their losses count; writes NAME-<i>.json, then one log and no plots (fewer files to bring back)
 beside() {
@@ -120,22 +124,12 @@ for stage in $stages; do
         az bench wire "${common[@]}" --compressors stiefel:16@1e-4,stiefel-rvq:100@1.5e-4 --target-loss "$target" \
           --boundary anchor_rank=768,lr=1e-4 --json "$out/wire-long-124m-more.json"  # full-rank anchors
       fi ;;
-    wire-long-stage-lr|wire-long-stage-lr-more)  # 1200 fresh-window steps with the best stage factors of the 300-step sweeps, side by side
-      # wire-long-stage-lr-more: the second-best factors, and the best with a shared projection and full anchors
-      if [ "$stage" = wire-long-stage-lr ]; then
-        specs=("dense@3e-4 1,0.5 - dense" "stiefel:16@6e-4 1,0.075 - stiefel")
-      else
-        specs=("stiefel:16@3e-4 1,0.15 - stiefel-3e-4" "stiefel:16@6e-4 1,0.075 tie=true,anchor_rank=768 stiefel-tie")
-      fi
-      for spec in "${specs[@]}"; do
-        read -r entry factors options name <<< "$spec"
-        [ "$options" = - ] && options=""
-        az bench wire --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8 \
-          --steps 1200 --target-steps 1 --matmul-precision high --dataset-windows 0 --corpus-bytes 16000000 \
-          --bandwidths 200 --compressors "$entry" --stage-lr-scale "$factors" ${options:+--boundary "$options"} \
-          --json "$out/wire-long-stage-lr-$name.json" > /dev/null 2>&1 &
-      done
-      wait; rm -f "$out"/wire-long-stage-lr-*.png ;;
+    wire-long-stage-lr)  # 1200 fresh-window steps with the best stage factors of the 300-step sweeps, side by side
+      beside wire-long-stage-lr "$long --compressors dense@3e-4 --stage-lr-scale 1,0.5" \
+        "$long --compressors stiefel:16@6e-4 --stage-lr-scale 1,0.075" ;;
+    wire-long-stage-lr-more)  # the second-best factors, and the best with a shared projection and full anchors
+      beside wire-long-stage-lr-more "$long --compressors stiefel:16@3e-4 --stage-lr-scale 1,0.15" \
+        "$long --compressors stiefel:16@6e-4 --stage-lr-scale 1,0.075 --boundary tie=true,anchor_rank=768" ;;
     wire-seeds)  # the swept best rates again from seeds 1 and 2 (weights, batches, codec noise): wire-seeds-0, -1
       beside wire-seeds "--seed 1 --compressors dense@1.5e-4,subspace:100@1e-4,stiefel:16@7e-5" \
         "--seed 2 --compressors dense@1.5e-4,subspace:100@1e-4,stiefel:16@7e-5" ;;
@@ -166,13 +160,18 @@ for stage in $stages; do
         "--compressors stiefel:16@6e-4 --stage-lr-scale 1,0.075" \
         "--compressors subspace:100@3e-4 --stage-lr-scale 1,0.15" \
         "--compressors stiefel:1@1.5e-4 --boundary tie=true" "--compressors stiefel:4@1.5e-4 --boundary tie=true" ;;
-    wire-code-bits)  # more code values at 8 bits each for the same bytes: about 100x and 16x, beside each other
-      beside wire-code-bits "--compressors subspace:28@1e-4 --stage-codec quant:bits=8" \
-        "--compressors subspace:28@3e-4 --stage-codec quant:bits=8" \
-        "--compressors stiefel:4@7e-5 --stage-codec quant:bits=8" \
-        "--compressors stiefel:4@1.5e-4 --stage-codec quant:bits=8" \
-        "--compressors stiefel:4@6e-4 --stage-codec quant:bits=8 --stage-lr-scale 1,0.075" \
-        "--compressors subspace:28@3e-4 --stage-codec quant:bits=8 --stage-lr-scale 1,0.5" ;;
+    wire-code-bits)  # 8-bit codes of about 4x the width for the same bytes (stiefel:30, subspace:30: over 100x
+      # with the 8-bit group scales and the ids at d = 768; stiefel:4: about 16x), full-rank anchors, side by side
+      beside wire-code-bits "--compressors stiefel:30@1e-4 --stage-codec quant:bits=8 $anchors768" \
+        "--compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768" \
+        "--compressors stiefel:4@1e-4 --stage-codec quant:bits=8 $anchors768" \
+        "--compressors subspace:30@1e-4 --stage-codec quant:bits=8" \
+        "--compressors stiefel:30@6e-4 --stage-codec quant:bits=8 $anchors768 --stage-lr-scale 1,0.075" \
+        "--compressors stiefel:4@6e-4 --stage-codec quant:bits=8 --stage-lr-scale 1,0.075" ;;
+    wire-long-code-bits)  # the 8-bit-code entries over 1200 fresh-window steps, side by side (dense: wire-long)
+      beside wire-long-code-bits \
+        "$long --compressors stiefel:30@1e-4 --stage-codec quant:bits=8 $anchors768" \
+        "$long --compressors stiefel:4@1e-4 --stage-codec quant:bits=8 $anchors768" ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
