@@ -36,12 +36,12 @@ _V_GRAD = "v_grad"  # the receiver's share of V's gradient, returned once per st
 _STATE_KEYS = ("v_sync", "v_state", *_RVQ_KEYS, "rvq_state", "rvq_idx")  # both ends hold these bit for bit
 
 
-def _stepper(cfg: StiefelConfig, p: nn.Parameter) -> StiefelStepper:
-    return StiefelStepper(p, lr=cfg.lr, method=cfg.method, retraction=cfg.retraction)
-
-
-def _initial_v(cfg: StiefelConfig) -> nn.Parameter:
-    return nn.Parameter(random_stiefel(cfg.n_embd, cfg.width, derive_seed(cfg.seed, 3)))
+def _hold_projection(end: nn.Module, cfg: StiefelConfig) -> None:
+    """Give ``end`` its V (the seeded start both ends share), the stepper that keeps V on the manifold, and the
+    version of V it holds (``tie``: steps taken on the sender, updates applied on the receiver)."""
+    end.V = nn.Parameter(random_stiefel(cfg.n_embd, cfg.width, derive_seed(cfg.seed, 3)))
+    end.stepper = StiefelStepper(end.V, lr=cfg.lr, method=cfg.method, retraction=cfg.retraction)
+    end.v_version = 0
 
 
 class StiefelSender(BoundarySender):
@@ -49,9 +49,7 @@ class StiefelSender(BoundarySender):
 
     def __init__(self, cfg: StiefelConfig) -> None:
         super().__init__(cfg)
-        self.V = _initial_v(cfg)
-        self.stepper = _stepper(cfg, self.V)
-        self.v_version = 0  # tie: steps taken; the receiver's copy is at this version once it got v_sync
+        _hold_projection(self, cfg)
         self._v_sent = 0  # tie: the version the receiver has (or will have from a message already built)
         self._peer_grad = False  # tie: the receiver's share arrived since the last step
         if cfg.rvq is not None:
@@ -135,10 +133,7 @@ class StiefelReceiver(BoundaryReceiver):
 
     def __init__(self, cfg: StiefelConfig) -> None:
         super().__init__(cfg)
-        self.V = _initial_v(cfg)
-        # Tied, the stepper only collects this end's share of the gradient for the sender; it never steps.
-        self.stepper = _stepper(cfg, self.V)
-        self.v_version = 0
+        _hold_projection(self, cfg)  # tied, its stepper only collects this end's gradient share; it never steps
         r = cfg.anchor_rank
         if r:
             self.anchor_tok = nn.Parameter(torch.randn(cfg.vocab_size, r) * 0.02)
