@@ -14,7 +14,8 @@
 #   projections, k = d), wire-tie (one projection for both ends), wire-stage-lr (the stage after the boundary at a
 #   fraction of the rate), wire-stage-lr-more (more base rates and factors), wire-long-stage-lr (1200 steps
 #   with the best factors), wire-code-bits (8-bit codes of 4x the width at the same bytes), wire-long-code-bits
-#   (1200 steps of those)
+#   (1200 steps of those), wire-long-code-bits-lr (the same at higher rates, and dense beside them),
+#   wire-longer-code-bits (1800 steps), wire-longest-code-bits (2400)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -171,7 +172,21 @@ for stage in $stages; do
     wire-long-code-bits)  # the 8-bit-code entries over 1200 fresh-window steps, side by side (dense: wire-long)
       beside wire-long-code-bits \
         "$long --compressors stiefel:30@1e-4 --stage-codec quant:bits=8 $anchors768" \
+        "$long --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768" \
         "$long --compressors stiefel:4@1e-4 --stage-codec quant:bits=8 $anchors768" ;;
+    wire-long-code-bits-lr)  # stiefel:30 with 8-bit codes at higher rates, and dense at the higher rate too
+      beside wire-long-code-bits-lr \
+        "$long --compressors stiefel:30@2.5e-4 --stage-codec quant:bits=8 $anchors768" \
+        "$long --compressors stiefel:30@4e-4 --stage-codec quant:bits=8 $anchors768" \
+        "$long --compressors dense@2.5e-4" ;;
+    wire-longer-code-bits)  # 1800 fresh-window steps: does the gap keep closing? (dense beside it, same rate)
+      beside wire-longer-code-bits \
+        "$long --steps 1800 --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768" \
+        "$long --steps 1800 --compressors dense@1.5e-4" ;;
+    wire-longest-code-bits)  # the same pair over 2400 fresh-window steps (about 8 minutes)
+      beside wire-longest-code-bits \
+        "$long --steps 2400 --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768" \
+        "$long --steps 2400 --compressors dense@1.5e-4" ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
