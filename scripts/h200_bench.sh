@@ -15,7 +15,8 @@
 #   fraction of the rate), wire-stage-lr-more (more base rates and factors), wire-long-stage-lr (1200 steps
 #   with the best factors), wire-code-bits (8-bit codes of 4x the width at the same bytes), wire-long-code-bits
 #   (1200 steps of those), wire-long-code-bits-lr (the same at higher rates, and dense beside them),
-#   wire-longer-code-bits (1800 steps), wire-longest-code-bits (2400)
+#   wire-longer-code-bits (1800 steps), wire-longest-code-bits (2400),
+#   wire-4800-dense and wire-4800-stiefel (4800 steps, one alone per call)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -187,6 +188,10 @@ for stage in $stages; do
       beside wire-longest-code-bits \
         "$long --steps 2400 --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768" \
         "$long --steps 2400 --compressors dense@1.5e-4" ;;
+    wire-4800-dense|wire-4800-stiefel)  # 4800 fresh-window steps, one run alone per call (about 8 minutes each)
+      entry="dense@1.5e-4"
+      [ "$stage" = wire-4800-stiefel ] && entry="stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768"
+      beside "$stage" "$long --steps 4800 --compressors $entry" ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \
