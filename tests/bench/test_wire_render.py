@@ -63,3 +63,20 @@ def test_the_report_renders_a_sweep_folder(tmp_path):
     text = build(tmp_path)
     assert "wire-lr, runs at several learning rates in one table" in text and "| dense | 1.0 | **2.0000** |" in text
     assert "Copied from a table." in text and "(../results/h200/wire-lr/a.json)" in text
+
+
+def test_the_gap_over_training_compares_window_means_of_the_recorded_curves():
+    from actzip.bench.wire_render import gap_course, gap_course_markdown
+
+    ref = {"every": 2, "loss": [4.0] * 10 + [2.0] * 10 + [1.0] * 20}
+    run = {"every": 2, "loss": [5.0] * 10 + [3.0] * 10 + [1.1] * 20}
+    # 40 points, a window of 4: means over points 6-9, 16-19, 26-29, 36-39
+    assert [round(g, 6) for g in gap_course(run, ref)] == [0.25, 0.5, 0.1, 0.1]
+    assert gap_course(run | {"every": 3}, ref) is None and gap_course({"every": 2, "loss": [1.0]}, ref) is None
+    dense = _record([_run("dense@1e-4", "dense", 1.0, 1e-4, 1.0, 1.5)], ["dense@1e-4"]) | {
+        "curves": {"dense@1e-4": ref}}
+    coded = _record([_run("stiefel:4@1e-4", "stiefel", 4.0, 1e-4, 1.1, 1.6)], ["stiefel:4@1e-4"]) | {
+        "curves": {"stiefel:4@1e-4": run}}
+    text = gap_course_markdown([dense, coded])
+    assert "- stiefel:4 at 0.0001: +25.0% at step 20, +50.0% at step 40, +10.0% at step 60, +10.0% at step 80" in text
+    assert gap_course_markdown([dense, _record(coded["runs"], ["stiefel:4@1e-4"])]) == ""  # no curve, no line

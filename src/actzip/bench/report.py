@@ -381,7 +381,7 @@ def _wire_section(path: Path, root: Path) -> str:
 
 
 def _wire_sweep_section(folder: Path, root: Path) -> str:
-    from actzip.bench.wire_render import sweep_markdown
+    from actzip.bench.wire_render import gap_course_markdown, sweep_markdown
 
     paths = sorted(folder.glob("*.json"))
     if not paths:
@@ -396,6 +396,7 @@ def _wire_sweep_section(folder: Path, root: Path) -> str:
          f"of the last {c['smooth']:.0%} of the steps, equal tokens); bold: the entry's best rate; gaps: its best run "
          "against the best dense run. Runs here may have shared the machine, so their times are not reported.\n"),
         sweep_markdown(recs),
+        *([course] if (course := gap_course_markdown(recs)) else []),
         "Runs:\n",
         *(f"- {_provenance(r, p, root)}" + (f" {r['note']}" if r.get("note") else "") for r, p in zip(recs, paths)),
     ]

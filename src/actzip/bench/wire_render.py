@@ -66,15 +66,13 @@ def render(record: dict):
     return t
 
 
-def sweep_markdown(records: list[dict]) -> str:
-    """A learning-rate sweep as one markdown table: each entry's training loss at every rate it ran (the
-    last-10%-of-steps mean at equal tokens), its best rate in bold, and its gaps to the best dense run in training
-    and validation loss. ``records`` are ``actzip bench wire`` records whose entries carry ``@lr``; a repeated
-    (entry, rate) shows every run's loss, and the lowest counts. A record whose stages train at their own factors
-    of the rate (``stage_lr_scale``) or with boundary options (``--boundary``) gets rows of its own; the best dense run
-    of any row is the reference."""
+def _sweep_rows(records: list[dict]):
+    """Group a sweep's runs into table rows: ``(runs, dense_rows, best, ref, curve_of)``. ``runs`` maps a row name
+    to its runs by rate, ``best`` a row to its best run, ``ref`` is the best dense run of any row (None without
+    dense) and ``curve_of`` maps ``id(run)`` to the run's recorded loss curve (None when the record has none)."""
     runs: dict[str, dict[float, list[dict]]] = {}
     dense_rows = set()
+    curve_of: dict[int, dict | None] = {}
     for rec in records:
         seen = set()
         scale = rec["config"].get("stage_lr_scale")
@@ -83,6 +81,7 @@ def sweep_markdown(records: list[dict]) -> str:
             if r["entry"] in seen:
                 continue  # one row per entry and record (the runs repeat it per bandwidth)
             seen.add(r["entry"])
+            curve_of[id(r)] = rec.get("curves", {}).get(r["entry"])
             name = r["compressor"] if r["compressor"] == "dense" else f"{r['compressor']}:{r['ratio']:g}"
             if scale:  # stages at their own factors of the rate: a row of their own
                 name += f" (stage rates x{', x'.join(f'{f:g}' for f in scale)})"
@@ -93,11 +92,22 @@ def sweep_markdown(records: list[dict]) -> str:
             if r["compressor"] == "dense":
                 dense_rows.add(name)
             runs.setdefault(name, {}).setdefault(r["lr"], []).append(r)
-    if not dense_rows:
-        return "No dense entry in the sweep: no gaps to show.\n"
     best = {name: min((min(rs, key=lambda r: r["final_loss"]) for rs in per_lr.values()),
                       key=lambda r: r["final_loss"]) for name, per_lr in runs.items()}
-    ref = min((best[n] for n in dense_rows), key=lambda r: r["final_loss"])  # the best dense run of any row
+    ref = min((best[n] for n in dense_rows), key=lambda r: r["final_loss"]) if dense_rows else None
+    return runs, dense_rows, best, ref, curve_of
+
+
+def sweep_markdown(records: list[dict]) -> str:
+    """A learning-rate sweep as one markdown table: each entry's training loss at every rate it ran (the
+    last-10%-of-steps mean at equal tokens), its best rate in bold, and its gaps to the best dense run in training
+    and validation loss. ``records`` are ``actzip bench wire`` records whose entries carry ``@lr``; a repeated
+    (entry, rate) shows every run's loss, and the lowest counts. A record whose stages train at their own factors
+    of the rate (``stage_lr_scale``) or with boundary options (``--boundary``) gets rows of its own; the best dense run
+    of any row is the reference."""
+    runs, dense_rows, best, ref, _ = _sweep_rows(records)
+    if ref is None:
+        return "No dense entry in the sweep: no gaps to show.\n"
     rates = sorted({lr for per_lr in runs.values() for lr in per_lr})
     lines = ["| entry | fwd ratio | " + " | ".join(f"{lr:g}" for lr in rates)
              + " | best rate | vs best dense | val vs best dense |",
@@ -114,3 +124,43 @@ def sweep_markdown(records: list[dict]) -> str:
         lines.append(f"| {name} | {b['measured_ratio_fwd']:.1f} | " + " | ".join(cells)
                      + f" | {b['lr']:g} | {b['final_loss'] / ref['final_loss'] - 1:+.1%} | {val} |")
     return "\n".join(lines) + "\n"
+
+
+def gap_course(curve: dict, ref: dict, fractions=(0.25, 0.5, 0.75, 1.0), window: float = 0.1) -> list | None:
+    """Relative gaps of a recorded loss curve to a reference one at ``fractions`` of the run, each point the mean of
+    the recorded losses over the ``window`` of the run before it (the final loss's window). None when the two
+    curves were not recorded at the same steps."""
+    loss, ref_loss = curve["loss"], ref["loss"]
+    if curve["every"] != ref["every"] or len(loss) != len(ref_loss) or not loss:
+        return None
+    n, w = len(loss), max(1, round(window * len(loss)))
+    out = []
+    for f in fractions:
+        end = max(1, round(f * n))
+        lo = max(0, end - w)
+        out.append(sum(loss[lo:end]) / sum(ref_loss[lo:end]) - 1)
+    return out
+
+
+def gap_course_markdown(records: list[dict]) -> str:
+    """One line per compressed row of the sweep table: its best run's gap to the best dense run at a quarter,
+    half, three quarters and the end of the run (training loss, from the recorded curves). Empty when no row
+    has a curve to compare."""
+    runs, dense_rows, best, ref, curve_of = _sweep_rows(records)
+    ref_curve = curve_of.get(id(ref)) if ref is not None else None
+    if ref_curve is None:
+        return ""
+    lines = []
+    for name in sorted(n for n in runs if n not in dense_rows):
+        b = best[name]
+        course = gap_course(curve_of[id(b)], ref_curve) if curve_of.get(id(b)) else None
+        if course is None:
+            continue
+        steps = len(ref_curve["loss"]) * ref_curve["every"]
+        points = ", ".join(f"{g:+.1%} at step {round(f * steps)}" for f, g in zip((0.25, 0.5, 0.75, 1.0), course))
+        lines.append(f"- {name} at {b['lr']:g}: {points}")
+    if not lines:
+        return ""
+    return ("The gap over training (training loss, each point the mean over the tenth of the run before it, from "
+            "the recorded curves, which keep every few steps, so the last point can differ a little from the "
+            "table):\n\n" + "\n".join(lines) + "\n")
