@@ -167,3 +167,38 @@ def test_a_lossy_byte_codec_leaves_synced_state_exact(compressor, ratio, options
     else:
         assert sender.book.version > 0 and torch.equal(sender.book.codebook, receiver.book.codebook)
         assert pipeline.codebook_desyncs() == desyncs
+
+
+@pytest.mark.parametrize("context", [1, 2, 3])
+def test_anchor_context_embeds_the_tokens_before_each_position_at_no_byte_cost(context):
+    from actzip.wire.boundary import StiefelConfig, make_boundary
+    from actzip.wire.stages import message_nbytes
+
+    cfg = StiefelConfig(n_embd=32, width=4, vocab_size=64, block_size=16, anchor_rank=8, anchor_context=context)
+    sender, receiver = make_boundary(cfg)
+    x = torch.randn(2, 16, 32)
+    a, b = ids(0, 2), ids(0, 2).clone()
+    b[:, 5] = (b[:, 5] + 1) % 64  # one token differs; the code (x V) does not depend on the ids
+    msg_a, msg_b = sender(x, a), sender(x, b)
+    assert message_nbytes(msg_a) == message_nbytes(make_boundary(
+        StiefelConfig(n_embd=32, width=4, vocab_size=64, block_size=16, anchor_rank=8))[0](x, a))
+    out_a, _ = receiver(msg_a)
+    out_b, _ = receiver(msg_b)
+    changed = [t for t in range(16) if not torch.equal(out_a[:, t], out_b[:, t])]
+    assert changed == list(range(5, 5 + context))  # the position itself and the context - 1 after it
+    out_a.sum().backward()
+    if context > 1:
+        assert receiver.anchor_before.grad is not None and receiver.anchor_before.grad.abs().sum() > 0
+        # the first positions see the row for "before the start"
+        assert receiver.anchor_before.grad[0, 64].abs().sum() > 0
+
+
+def test_anchor_context_errors_are_named():
+    from actzip.wire.boundary import StiefelConfig
+
+    with pytest.raises(ConfigError, match="anchor_context"):
+        StiefelConfig(anchor_context=0)
+    with pytest.raises(ConfigError, match="anchor_context=2 needs anchors"):
+        StiefelConfig(anchor_context=2, anchor_rank=0)
+    stages = build_stages(CFG, 2, "stiefel", 16.0, seed=0, anchor_rank=8, anchor_context=2)  # through the options
+    assert stages[1].receiver.anchor_before.shape == (1, 65, 8)

@@ -177,6 +177,9 @@ class StiefelConfig(BoundaryConfig):
     vocab_size: int = 256  # token ids on the side channel index the anchor table
     block_size: int = 256  # rows of the position anchor table
     anchor_rank: int = 64  # r of the factorized anchors (vocab x r)(r x d); 0: no anchors and no ids sent
+    # tokens each position's anchor embeds: 1, its own; n, also the n - 1 before it. The receiver has every id
+    # already, so the extra context costs no bytes, only a (vocab + 1) x r table per extra token
+    anchor_context: int = 1
     lr: float = 1e-3  # Riemannian Adam step of V (after_optimizer_step)
     method: str = "adam"  # "adam" or "sgd" (see actzip.wire.stiefel.StiefelOptimizer)
     retraction: str = "qr"  # "qr" or "polar"
@@ -191,6 +194,9 @@ class StiefelConfig(BoundaryConfig):
         _check_int("StiefelConfig", "vocab_size", self.vocab_size)
         _check_int("StiefelConfig", "block_size", self.block_size)
         _check_int("StiefelConfig", "anchor_rank", self.anchor_rank, lo=0)
+        _check_int("StiefelConfig", "anchor_context", self.anchor_context)
+        if self.anchor_context > 1 and not self.anchor_rank:
+            raise ConfigError(f"StiefelConfig.anchor_context={self.anchor_context} needs anchors (anchor_rank > 0)")
         if not isinstance(self.tie, bool):
             raise ConfigError(f"StiefelConfig.tie must be True or False, got {self.tie!r}")
         if self.retraction not in RETRACTIONS:

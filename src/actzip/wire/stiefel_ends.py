@@ -139,6 +139,8 @@ class StiefelReceiver(BoundaryReceiver):
             self.anchor_tok = nn.Parameter(torch.randn(cfg.vocab_size, r) * 0.02)
             self.anchor_pos = nn.Parameter(torch.randn(cfg.block_size, r) * 0.02)
             self.anchor_out = nn.Parameter(torch.randn(r, cfg.n_embd) / math.sqrt(r))
+            if cfg.anchor_context > 1:  # one table per earlier token; row vocab_size: before the sequence start
+                self.anchor_before = nn.Parameter(torch.randn(cfg.anchor_context - 1, cfg.vocab_size + 1, r) * 0.02)
         if cfg.rvq is not None:
             self.book = RVQCodebook(cfg.rvq)
 
@@ -201,9 +203,18 @@ class StiefelReceiver(BoundaryReceiver):
         if not cfg.anchor_rank:
             return x, None
         ids = self._ids(msg, cfg.vocab_size)
-        anchor = (self.anchor_tok[ids] + self.anchor_pos[: ids.shape[1]]) @ self.anchor_out
+        anchor = self._anchor_embedding(ids) @ self.anchor_out
         # Only the anchor's component outside span(V) is added: the code owns the span.
         return x + anchor - (anchor @ V) @ V.t(), ids
+
+    def _anchor_embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rank-r anchor of every position: its token and position, plus the ``anchor_context - 1`` tokens before."""
+        emb = self.anchor_tok[ids] + self.anchor_pos[: ids.shape[1]]
+        for lag in range(1, self.cfg.anchor_context):
+            before = torch.full_like(ids, self.cfg.vocab_size)
+            before[:, lag:] = ids[:, :-lag]
+            emb = emb + self.anchor_before[lag - 1][before]
+        return emb
 
     def wire_backward_items(self) -> dict[str, torch.Tensor]:
         """Tied: this end's share of ``V``'s gradient since the last call (for the sender)."""
