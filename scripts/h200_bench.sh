@@ -16,7 +16,8 @@
 #   with the best factors), wire-code-bits (8-bit codes of 4x the width at the same bytes), wire-long-code-bits
 #   (1200 steps of those), wire-long-code-bits-lr (the same at higher rates, and dense beside them),
 #   wire-longer-code-bits (1800 steps), wire-longest-code-bits (2400),
-#   wire-4800-dense and wire-4800-stiefel (4800 steps, one alone per call)
+#   wire-4800-dense and wire-4800-stiefel (4800 steps, one alone per call), wire-long-context (anchors that
+#   embed the token before each position too)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -29,6 +30,7 @@ wire300=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-siz
 # the same for 1200 steps, every batch fresh windows (no memorising a fixed set); later options win
 long="--steps 1200 --dataset-windows 0 --corpus-bytes 16000000"
 anchors768="--boundary anchor_rank=768,lr=1e-4"  # full-rank anchors at d = 768
+context768="--boundary anchor_rank=768,lr=1e-4,anchor_context=2"  # the same, also embedding the token before
 # beside NAME ARGS...: one `bench wire` (wire300 plus ARGS, split at spaces) per ARGS, all at once on the one GPU,
 # so only their losses count; writes NAME-<i>.json, then one log and no plots (fewer files to bring back)
 beside() {
@@ -188,6 +190,11 @@ for stage in $stages; do
       beside wire-longest-code-bits \
         "$long --steps 2400 --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768" \
         "$long --steps 2400 --compressors dense@1.5e-4" ;;
+    wire-long-context)  # the 1200-step 8-bit-code entries with anchors that also embed the token before
+      beside wire-long-context \
+        "$long --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $context768" \
+        "$long --compressors stiefel:4@1e-4 --stage-codec quant:bits=8 $context768" \
+        "$long --compressors stiefel:16@1e-4 $context768" ;;
     wire-4800-dense|wire-4800-stiefel)  # 4800 fresh-window steps, one run alone per call (about 8 minutes each)
       entry="dense@1.5e-4"
       [ "$stage" = wire-4800-stiefel ] && entry="stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768"
