@@ -202,3 +202,15 @@ def test_anchor_context_errors_are_named():
         StiefelConfig(anchor_context=2, anchor_rank=0)
     stages = build_stages(CFG, 2, "stiefel", 16.0, seed=0, anchor_rank=8, anchor_context=2)  # through the options
     assert stages[1].receiver.anchor_before.shape == (1, 65, 8)
+
+
+def test_whole_anchors_on_a_tied_full_width_boundary_are_dense_plus_anchors():
+    stages = build_stages(CFG, 2, "stiefel", 1.0, seed=0, tie=True, width=32, anchor_rank=8, anchor_context=2,
+                          anchor_whole=True)
+    sender, receiver = stages[0].sender, stages[1].receiver
+    x, t = torch.randn(2, 16, 32), ids(0, 2)
+    out, _ = receiver(sender(x, t))
+    anchor = receiver._anchor_embedding(t) @ receiver.anchor_out
+    torch.testing.assert_close(out, x + anchor)  # V V^T = I up to rounding: x passes, the whole anchor is added
+    with pytest.raises(ConfigError, match="anchor_whole"):
+        build_stages(CFG, 2, "stiefel", 1.0, seed=0, anchor_whole="yes")

@@ -180,6 +180,9 @@ class StiefelConfig(BoundaryConfig):
     # tokens each position's anchor embeds: 1, its own; n, also the n - 1 before it. The receiver has every id
     # already, so the extra context costs no bytes, only a (vocab + 1) x r table per extra token
     anchor_context: int = 1
+    # add the whole anchor, its part in span(V) too; with tie and width = n_embd the boundary is then dense plus
+    # anchors: the control that tells what the anchors add apart from the compression
+    anchor_whole: bool = False
     lr: float = 1e-3  # Riemannian Adam step of V (after_optimizer_step)
     method: str = "adam"  # "adam" or "sgd" (see actzip.wire.stiefel.StiefelOptimizer)
     retraction: str = "qr"  # "qr" or "polar"
@@ -195,6 +198,8 @@ class StiefelConfig(BoundaryConfig):
         _check_int("StiefelConfig", "block_size", self.block_size)
         _check_int("StiefelConfig", "anchor_rank", self.anchor_rank, lo=0)
         _check_int("StiefelConfig", "anchor_context", self.anchor_context)
+        if not isinstance(self.anchor_whole, bool):
+            raise ConfigError(f"StiefelConfig.anchor_whole must be True or False, got {self.anchor_whole!r}")
         if self.anchor_context > 1 and not self.anchor_rank:
             raise ConfigError(f"StiefelConfig.anchor_context={self.anchor_context} needs anchors (anchor_rank > 0)")
         if not isinstance(self.tie, bool):

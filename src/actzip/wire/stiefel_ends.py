@@ -204,6 +204,8 @@ class StiefelReceiver(BoundaryReceiver):
             return x, None
         ids = self._ids(msg, cfg.vocab_size)
         anchor = self._anchor_embedding(ids) @ self.anchor_out
+        if cfg.anchor_whole:
+            return x + anchor, ids
         # Only the anchor's component outside span(V) is added: the code owns the span.
         return x + anchor - (anchor @ V) @ V.t(), ids
 
