@@ -2,7 +2,9 @@
 
 Sender: ``code = x V`` (``V``: ``d x k``, orthonormal columns, kept on the Stiefel manifold by
 :class:`actzip.wire.stiefel.StiefelStepper`), optionally residual-vector-quantized. Receiver: ``x = code V^T``
-plus the part of a learned token/position anchor outside ``span(V)``.
+plus the part of a learned token/position anchor outside ``span(V)`` (all of it with ``anchor_whole``). The
+anchor is built from the token ids the receiver already has: each position's token, its position and, with
+``anchor_context > 1``, the tokens before it.
 
 Two ways to hold ``V`` (:attr:`StiefelConfig.tie`):
 
