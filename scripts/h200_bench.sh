@@ -17,7 +17,7 @@
 #   (1200 steps of those), wire-long-code-bits-lr (the same at higher rates, and dense beside them),
 #   wire-longer-code-bits (1800 steps), wire-longest-code-bits (2400),
 #   wire-4800-dense and wire-4800-stiefel (4800 steps, one alone per call), wire-long-context (anchors that
-#   embed the token before each position too)
+#   embed the token before each position too, and dense plus the same anchors)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -190,11 +190,12 @@ for stage in $stages; do
       beside wire-longest-code-bits \
         "$long --steps 2400 --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768" \
         "$long --steps 2400 --compressors dense@1.5e-4" ;;
-    wire-long-context)  # the 1200-step 8-bit-code entries with anchors that also embed the token before
+    wire-long-context)  # the 1200-step 8-bit-code entries with anchors that also embed the token before, and
+      # their control: a tied full-width boundary adding the whole anchors (dense plus the same anchors)
       beside wire-long-context \
         "$long --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $context768" \
         "$long --compressors stiefel:4@1e-4 --stage-codec quant:bits=8 $context768" \
-        "$long --compressors stiefel:16@1e-4 $context768" ;;
+        "$long --compressors stiefel:1@1.5e-4 $context768,width=768,tie=true,anchor_whole=true" ;;
     wire-4800-dense|wire-4800-stiefel)  # 4800 fresh-window steps, one run alone per call (about 8 minutes each)
       entry="dense@1.5e-4"
       [ "$stage" = wire-4800-stiefel ] && entry="stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768"
