@@ -214,3 +214,5 @@ def test_whole_anchors_on_a_tied_full_width_boundary_are_dense_plus_anchors():
     torch.testing.assert_close(out, x + anchor)  # V V^T = I up to rounding: x passes, the whole anchor is added
     with pytest.raises(ConfigError, match="anchor_whole"):
         build_stages(CFG, 2, "stiefel", 1.0, seed=0, anchor_whole="yes")
+    with pytest.raises(ConfigError, match="anchor_whole=True needs anchors"):
+        build_stages(CFG, 2, "stiefel", 1.0, seed=0, anchor_whole=True, anchor_rank=0)

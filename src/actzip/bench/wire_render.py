@@ -126,7 +126,10 @@ def sweep_markdown(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gap_course(curve: dict, ref: dict, fractions=(0.25, 0.5, 0.75, 1.0), window: float = 0.1) -> list | None:
+COURSE_POINTS = (0.25, 0.5, 0.75, 1.0)  # fractions of a run at which the report shows the gap to dense
+
+
+def gap_course(curve: dict, ref: dict, fractions=COURSE_POINTS, window: float = 0.1) -> list | None:
     """Relative gaps of a recorded loss curve to a reference one at ``fractions`` of the run, each point the mean of
     the recorded losses over the ``window`` of the run before it (the final loss's window). None when the two
     curves were not recorded at the same steps."""
@@ -157,7 +160,7 @@ def gap_course_markdown(records: list[dict]) -> str:
         if course is None:
             continue
         steps = len(ref_curve["loss"]) * ref_curve["every"]
-        points = ", ".join(f"{g:+.1%} at step {round(f * steps)}" for f, g in zip((0.25, 0.5, 0.75, 1.0), course))
+        points = ", ".join(f"{g:+.1%} at step {round(f * steps)}" for f, g in zip(COURSE_POINTS, course))
         lines.append(f"- {name} at {b['lr']:g}: {points}")
     if not lines:
         return ""

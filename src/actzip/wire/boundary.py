@@ -202,6 +202,8 @@ class StiefelConfig(BoundaryConfig):
             raise ConfigError(f"StiefelConfig.anchor_whole must be True or False, got {self.anchor_whole!r}")
         if self.anchor_context > 1 and not self.anchor_rank:
             raise ConfigError(f"StiefelConfig.anchor_context={self.anchor_context} needs anchors (anchor_rank > 0)")
+        if self.anchor_whole and not self.anchor_rank:
+            raise ConfigError("StiefelConfig.anchor_whole=True needs anchors (anchor_rank > 0)")
         if not isinstance(self.tie, bool):
             raise ConfigError(f"StiefelConfig.tie must be True or False, got {self.tie!r}")
         if self.retraction not in RETRACTIONS:
