@@ -17,7 +17,8 @@
 #   (1200 steps of those), wire-long-code-bits-lr (the same at higher rates, and dense beside them),
 #   wire-longer-code-bits (1800 steps), wire-longest-code-bits (2400),
 #   wire-4800-dense and wire-4800-stiefel (4800 steps, one alone per call), wire-long-context (anchors that
-#   embed the token before each position too, and dense plus the same anchors)
+#   embed the token before each position too, and dense plus the same anchors), wire-long-context-seed1 and
+#   wire-long-context-16x (the same under seed 1; about 16x with those anchors), wire-long-context-16x-seed1
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -196,6 +197,20 @@ for stage in $stages; do
         "$long --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $context768" \
         "$long --compressors stiefel:4@1e-4 --stage-codec quant:bits=8 $context768" \
         "$long --compressors stiefel:1@1.5e-4 $context768,width=768,tie=true,anchor_whole=true" ;;
+    wire-long-context-seed1)  # the 107x entry, its control and plain dense again under seed 1
+      beside wire-long-context-seed1 \
+        "$long --seed 1 --compressors dense@1.5e-4" \
+        "$long --seed 1 --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $context768" \
+        "$long --seed 1 --compressors stiefel:1@1.5e-4 $context768,width=768,tie=true,anchor_whole=true" ;;
+    wire-long-context-16x)  # about 16x with two-token anchors: float32 codes at two rates, 8-bit codes at 19x
+      beside wire-long-context-16x \
+        "$long --compressors stiefel:16@1.5e-4 $context768" \
+        "$long --compressors stiefel:16@2.5e-4 $context768" \
+        "$long --compressors stiefel:5@1.5e-4 --stage-codec quant:bits=8 $context768" ;;
+    wire-long-context-16x-seed1)  # the two about-16x entries that scored best, under seed 1
+      beside wire-long-context-16x-seed1 \
+        "$long --seed 1 --compressors stiefel:16@1.5e-4 $context768" \
+        "$long --seed 1 --compressors stiefel:5@1.5e-4 --stage-codec quant:bits=8 $context768" ;;
     wire-4800-dense|wire-4800-stiefel)  # 4800 fresh-window steps, one run alone per call (about 8 minutes each)
       entry="dense@1.5e-4"
       [ "$stage" = wire-4800-stiefel ] && entry="stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768"

@@ -80,3 +80,28 @@ def test_the_gap_over_training_compares_window_means_of_the_recorded_curves():
     text = gap_course_markdown([dense, coded])
     assert "- stiefel:4 at 0.0001: +25.0% at step 20, +50.0% at step 40, +10.0% at step 60, +10.0% at step 80" in text
     assert gap_course_markdown([dense, _record(coded["runs"], ["stiefel:4@1e-4"])]) == ""  # no curve, no line
+
+
+def test_a_dense_plus_anchors_run_adds_gaps_against_it_in_the_table_and_over_training():
+    from actzip.bench.wire_render import gap_course_markdown
+
+    flat = {"every": 1, "loss": [2.0] * 10}
+    dense = _record([_run("dense@1e-4", "dense", 1.0, 1e-4, 2.0, 2.0)], ["dense@1e-4"]) | {
+        "curves": {"dense@1e-4": flat}}
+    control = _record([_run("stiefel:1@1e-4", "stiefel", 1.0, 1e-4, 1.6, 1.8)], ["stiefel:1@1e-4"]) | {
+        "curves": {"stiefel:1@1e-4": {"every": 1, "loss": [1.6] * 10}}}
+    control["config"]["boundary"] = "anchor_rank=8,width=8,tie=true,anchor_whole=true"
+    coded = _record([_run("stiefel:30@1e-4", "stiefel", 107.0, 1e-4, 1.68, 1.8)], ["stiefel:30@1e-4"]) | {
+        "curves": {"stiefel:30@1e-4": {"every": 1, "loss": [1.68] * 10}}}
+    coded["config"]["boundary"] = "anchor_rank=8"
+    lines = sweep_markdown([dense, control, coded]).splitlines()
+    assert lines[0].endswith("| vs best dense | val vs best dense | vs dense+anchors | val vs dense+anchors |")
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines[2:]}
+    assert rows["stiefel:107 [anchor_rank=8]"].endswith("| -16.0% | -10.0% | +5.0% | +0.0% |")
+    assert rows["dense"].endswith("| +0.0% | +0.0% | +25.0% | +11.1% |")
+    text = gap_course_markdown([dense, control, coded])
+    head, tail = text.split("The same against the best dense-plus-anchors run:")
+    assert "- stiefel:107 [anchor_rank=8] at 0.0001: -16.0% at step 2" in head
+    assert "- stiefel:107 [anchor_rank=8] at 0.0001: +5.0% at step 2" in tail and "anchor_whole" not in tail
+    # without such a run the table keeps its columns
+    assert "dense+anchors" not in sweep_markdown([dense, coded]) + gap_course_markdown([dense, coded])

@@ -98,20 +98,39 @@ def _sweep_rows(records: list[dict]):
     return runs, dense_rows, best, ref, curve_of
 
 
+CONTROL_MARK = "anchor_whole=true"  # boundary option of a dense-plus-anchors run, the fair reference for anchors
+
+
+def _control(best: dict) -> dict | None:
+    """The best run among the sweep's dense-plus-anchors rows (``anchor_whole=true``), or None without one: what a
+    boundary with anchors must match, since the anchors help a dense boundary by themselves."""
+    controls = [b for name, b in best.items() if CONTROL_MARK in name]
+    return min(controls, key=lambda r: r["final_loss"]) if controls else None
+
+
+def _gap(run: dict, ref: dict | None, key: str) -> str:
+    if ref is None or run.get(key) is None or ref.get(key) is None:
+        return ""
+    return f"{run[key] / ref[key] - 1:+.1%}"
+
+
 def sweep_markdown(records: list[dict]) -> str:
     """A learning-rate sweep as one markdown table: each entry's training loss at every rate it ran (the
     last-10%-of-steps mean at equal tokens), its best rate in bold, and its gaps to the best dense run in training
     and validation loss. ``records`` are ``actzip bench wire`` records whose entries carry ``@lr``; a repeated
     (entry, rate) shows every run's loss, and the lowest counts. A record whose stages train at their own factors
     of the rate (``stage_lr_scale``) or with boundary options (``--boundary``) gets rows of its own; the best dense run
-    of any row is the reference."""
+    of any row is the reference. With a dense-plus-anchors row (``anchor_whole=true``) two more columns give each
+    row's gaps to the best such run."""
     runs, dense_rows, best, ref, _ = _sweep_rows(records)
     if ref is None:
         return "No dense entry in the sweep: no gaps to show.\n"
+    control = _control(best)
     rates = sorted({lr for per_lr in runs.values() for lr in per_lr})
+    extra = " vs dense+anchors | val vs dense+anchors |" if control else ""
     lines = ["| entry | fwd ratio | " + " | ".join(f"{lr:g}" for lr in rates)
-             + " | best rate | vs best dense | val vs best dense |",
-             "|---|---:|" + "---:|" * len(rates) + "---:|---:|---:|"]
+             + " | best rate | vs best dense | val vs best dense |" + extra,
+             "|---|---:|" + "---:|" * len(rates) + "---:|---:|---:|" + ("---:|---:|" if control else "")]
     for name, per_lr in sorted(runs.items(), key=lambda kv: (kv[0] not in dense_rows, kv[0])):
         b = best[name]
         cells = []
@@ -119,10 +138,9 @@ def sweep_markdown(records: list[dict]) -> str:
             rs = per_lr.get(lr, [])
             text = " / ".join(f"{r['final_loss']:.4f}" for r in rs)
             cells.append(f"**{text}**" if rs and lr == b["lr"] else text)
-        val = ("" if b.get("val_loss") is None or ref.get("val_loss") is None
-               else f"{b['val_loss'] / ref['val_loss'] - 1:+.1%}")
+        vs_control = f" {_gap(b, control, 'final_loss')} | {_gap(b, control, 'val_loss')} |" if control else ""
         lines.append(f"| {name} | {b['measured_ratio_fwd']:.1f} | " + " | ".join(cells)
-                     + f" | {b['lr']:g} | {b['final_loss'] / ref['final_loss'] - 1:+.1%} | {val} |")
+                     + f" | {b['lr']:g} | {_gap(b, ref, 'final_loss')} | {_gap(b, ref, 'val_loss')} |" + vs_control)
     return "\n".join(lines) + "\n"
 
 
@@ -150,11 +168,26 @@ def gap_course_markdown(records: list[dict]) -> str:
     half, three quarters and the end of the run (training loss, from the recorded curves). Empty when no row
     has a curve to compare."""
     runs, dense_rows, best, ref, curve_of = _sweep_rows(records)
+    control = _control(best)
+    text = _course_lines(runs, dense_rows, best, ref, curve_of, skip=lambda name: False)
+    if not text:
+        return ""
+    text = ("The gap over training (training loss, each point the mean over the tenth of the run before it, from "
+            "the recorded curves, which keep every few steps, so the last point can differ a little from the "
+            "table):\n\n" + text)
+    against_control = _course_lines(runs, dense_rows, best, control, curve_of, skip=lambda name: CONTROL_MARK in name)
+    if against_control:
+        text += "\nThe same against the best dense-plus-anchors run:\n\n" + against_control
+    return text
+
+
+def _course_lines(runs, dense_rows, best, ref, curve_of, skip) -> str:
+    """Markdown bullets of each compressed row's gap course to ``ref`` (empty without curves to compare)."""
     ref_curve = curve_of.get(id(ref)) if ref is not None else None
     if ref_curve is None:
         return ""
     lines = []
-    for name in sorted(n for n in runs if n not in dense_rows):
+    for name in sorted(n for n in runs if n not in dense_rows and not skip(n)):
         b = best[name]
         course = gap_course(curve_of[id(b)], ref_curve) if curve_of.get(id(b)) else None
         if course is None:
@@ -162,8 +195,4 @@ def gap_course_markdown(records: list[dict]) -> str:
         steps = len(ref_curve["loss"]) * ref_curve["every"]
         points = ", ".join(f"{g:+.1%} at step {round(f * steps)}" for f, g in zip(COURSE_POINTS, course))
         lines.append(f"- {name} at {b['lr']:g}: {points}")
-    if not lines:
-        return ""
-    return ("The gap over training (training loss, each point the mean over the tenth of the run before it, from "
-            "the recorded curves, which keep every few steps, so the last point can differ a little from the "
-            "table):\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n" if lines else ""
