@@ -18,7 +18,8 @@
 #   wire-longer-code-bits (1800 steps), wire-longest-code-bits (2400),
 #   wire-4800-dense and wire-4800-stiefel (4800 steps, one alone per call), wire-long-context (anchors that
 #   embed the token before each position too, and dense plus the same anchors), wire-long-context-seed1 and
-#   wire-long-context-16x (the same under seed 1; about 16x with those anchors), wire-long-context-16x-seed1
+#   wire-long-context-16x (the same under seed 1; about 16x with those anchors), wire-long-context-16x-seed1,
+#   wire-longest-context (2400 steps of the 107x entry with those anchors, and of its control)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -211,6 +212,11 @@ for stage in $stages; do
       beside wire-long-context-16x-seed1 \
         "$long --seed 1 --compressors stiefel:16@1.5e-4 $context768" \
         "$long --seed 1 --compressors stiefel:5@1.5e-4 --stage-codec quant:bits=8 $context768" ;;
+    wire-longest-context)  # 2400 steps of the 107x entry with two-token anchors and of its control (dense at 2400
+      # steps is in wire-longest-code-bits), side by side (about 8 minutes)
+      beside wire-longest-context \
+        "$long --steps 2400 --compressors stiefel:30@1.5e-4 --stage-codec quant:bits=8 $context768" \
+        "$long --steps 2400 --compressors stiefel:1@1.5e-4 $context768,width=768,tie=true,anchor_whole=true" ;;
     wire-4800-dense|wire-4800-stiefel)  # 4800 fresh-window steps, one run alone per call (about 8 minutes each)
       entry="dense@1.5e-4"
       [ "$stage" = wire-4800-stiefel ] && entry="stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768"
