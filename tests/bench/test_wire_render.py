@@ -65,6 +65,14 @@ def test_the_report_renders_a_sweep_folder(tmp_path):
     assert "Copied from a table." in text and "(../results/h200/wire-lr/a.json)" in text
 
 
+def test_steps_to_a_loss_use_the_trailing_mean_of_the_recorded_points():
+    from actzip.bench.wire_render import steps_to_loss
+
+    curve = {"every": 3, "loss": [4.0, 3.0, 2.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5]}  # window: 1 point of 10
+    assert steps_to_loss(curve, 1.0) == 12 and steps_to_loss(curve, 0.5) == 18 and steps_to_loss(curve, 0.1) is None
+    assert steps_to_loss(curve, 2.5, window=0.2) == 9  # (3 + 2) / 2 at the third point
+
+
 def test_the_gap_over_training_compares_window_means_of_the_recorded_curves():
     from actzip.bench.wire_render import gap_course, gap_course_markdown
 
@@ -78,7 +86,13 @@ def test_the_gap_over_training_compares_window_means_of_the_recorded_curves():
     coded = _record([_run("stiefel:4@1e-4", "stiefel", 4.0, 1e-4, 1.1, 1.6)], ["stiefel:4@1e-4"]) | {
         "curves": {"stiefel:4@1e-4": run}}
     text = gap_course_markdown([dense, coded])
-    assert "- stiefel:4 at 0.0001: +25.0% at step 20, +50.0% at step 40, +10.0% at step 60, +10.0% at step 80" in text
+    assert ("- stiefel:4 at 0.0001: +25.0% at step 20, +50.0% at step 40, +10.0% at step 60, +10.0% at step 80; "
+            "does not reach the reference's final loss") in text
+    faster = _record(coded["runs"], ["stiefel:4@1e-4"]) | {"curves": {"stiefel:4@1e-4": {
+        "every": 2, "loss": [3.0] * 10 + [1.0] * 30}}}
+    # trailing means over 4 points: the reference first reaches 1.0 at point 24 (step 48), this run at point 14
+    assert "; reaches the reference's final loss at step 28 (the reference at 48)" in gap_course_markdown(
+        [dense, faster])
     assert gap_course_markdown([dense, _record(coded["runs"], ["stiefel:4@1e-4"])]) == ""  # no curve, no line
 
 

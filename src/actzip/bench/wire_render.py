@@ -163,6 +163,21 @@ def gap_course(curve: dict, ref: dict, fractions=COURSE_POINTS, window: float = 
     return out
 
 
+def steps_to_loss(curve: dict, target: float, window: float = 0.1) -> int | None:
+    """The first step at which a recorded loss curve's trailing mean (over ``window`` of the run, as the final
+    loss is taken) reaches ``target``; None if it never does. Recorded curves keep every few steps, so this is
+    the step of the first recorded point past the crossing."""
+    loss = curve["loss"]
+    w = max(1, round(window * len(loss)))
+    total = sum(loss[:w])
+    for end in range(w, len(loss) + 1):
+        if end > w:
+            total += loss[end - 1] - loss[end - 1 - w]
+        if total / w <= target + 1e-12:
+            return end * curve["every"]
+    return None
+
+
 def gap_course_markdown(records: list[dict]) -> str:
     """One line per compressed row of the sweep table: its best run's gap to the best dense run at a quarter,
     half, three quarters and the end of the run (training loss, from the recorded curves). Empty when no row
@@ -174,7 +189,8 @@ def gap_course_markdown(records: list[dict]) -> str:
         return ""
     text = ("The gap over training (training loss, each point the mean over the tenth of the run before it, from "
             "the recorded curves, which keep every few steps, so the last point can differ a little from the "
-            "table):\n\n" + text)
+            "table), and the first step at which that mean reaches the reference's final loss (the time target's "
+            "measure, in steps):\n\n" + text)
     against_control = _course_lines(runs, dense_rows, best, control, curve_of, skip=lambda name: CONTROL_MARK in name)
     if against_control:
         text += "\nThe same against the best dense-plus-anchors run:\n\n" + against_control
@@ -194,5 +210,10 @@ def _course_lines(runs, dense_rows, best, ref, curve_of, skip) -> str:
             continue
         steps = len(ref_curve["loss"]) * ref_curve["every"]
         points = ", ".join(f"{g:+.1%} at step {round(f * steps)}" for f, g in zip(COURSE_POINTS, course))
-        lines.append(f"- {name} at {b['lr']:g}: {points}")
+        # the reference's own final loss is its last window's mean over every step; its recorded points may miss
+        # it by a hair, and then it reaches it at its end
+        hit, ref_hit = steps_to_loss(curve_of[id(b)], ref["final_loss"]), steps_to_loss(ref_curve, ref["final_loss"])
+        reach = (f"; reaches the reference's final loss at step {hit} (the reference at {ref_hit or steps})"
+                 if hit is not None else "; does not reach the reference's final loss")
+        lines.append(f"- {name} at {b['lr']:g}: {points}{reach}")
     return "\n".join(lines) + "\n" if lines else ""
