@@ -180,11 +180,12 @@ def steps_to_loss(curve: dict, target: float, window: float = 0.1) -> int | None
 
 def gap_course_markdown(records: list[dict]) -> str:
     """One line per compressed row of the sweep table: its best run's gap to the best dense run at a quarter,
-    half, three quarters and the end of the run (training loss, from the recorded curves). Empty when no row
-    has a curve to compare."""
+    half, three quarters and the end of the run (training loss, from the recorded curves) and the step at which it
+    reaches that run's final loss; then the same against the best dense-plus-anchors run, if the sweep has one.
+    Empty when no row has a curve to compare."""
     runs, dense_rows, best, ref, curve_of = _sweep_rows(records)
     control = _control(best)
-    text = _course_lines(runs, dense_rows, best, ref, curve_of, skip=lambda name: False)
+    text = _course_lines(runs, dense_rows, best, ref, curve_of)
     if not text:
         return ""
     text = ("The gap over training (training loss, each point the mean over the tenth of the run before it, from "
@@ -197,8 +198,9 @@ def gap_course_markdown(records: list[dict]) -> str:
     return text
 
 
-def _course_lines(runs, dense_rows, best, ref, curve_of, skip) -> str:
-    """Markdown bullets of each compressed row's gap course to ``ref`` (empty without curves to compare)."""
+def _course_lines(runs, dense_rows, best, ref, curve_of, skip=lambda name: False) -> str:
+    """Markdown bullets of each compressed row's gap course to ``ref``, rows named by ``skip`` left out (empty
+    without curves to compare)."""
     ref_curve = curve_of.get(id(ref)) if ref is not None else None
     if ref_curve is None:
         return ""
