@@ -117,5 +117,10 @@ def test_a_dense_plus_anchors_run_adds_gaps_against_it_in_the_table_and_over_tra
     head, tail = text.split("The same against the best dense-plus-anchors run:")
     assert "- stiefel:107 [anchor_rank=8] at 0.0001: -16.0% at step 2" in head
     assert "- stiefel:107 [anchor_rank=8] at 0.0001: +5.0% at step 2" in tail and "anchor_whole" not in tail
+    # the option is read as the benchmark reads it, whatever its spelling
+    control["config"]["boundary"] = "anchor_rank=8,width=8,tie=true,anchor_whole=True"
+    respelled = sweep_markdown([dense, control, coded]).splitlines()
+    assert respelled[0] == lines[0] and [ln for ln in respelled if ln.startswith("| stiefel:107")] == [
+        rows["stiefel:107 [anchor_rank=8]"]]
     # without such a run the table keeps its columns
     assert "dense+anchors" not in sweep_markdown([dense, coded]) + gap_course_markdown([dense, coded])

@@ -290,14 +290,17 @@ class Batches:
         return self.x[ids], self.y[ids], ids
 
 
-def _smoothed(losses: list[float], window: int) -> list[float]:
-    out, acc = [], 0.0
+def first_reach(losses: list[float], window: int, target: float | None) -> int | None:
+    """Index of the first loss whose trailing mean over ``window`` values (fewer at the start) is at most
+    ``target``: when a run reaches the target loss. None if it never does, or without a target."""
+    acc = 0.0
     for i, v in enumerate(losses):
         acc += v
         if i >= window:
             acc -= losses[i - window]
-        out.append(acc / min(i + 1, window))
-    return out
+        if target is not None and acc / min(i + 1, window) <= target + 1e-12:
+            return i
+    return None
 
 
 def train_entry(cfg: WireBenchConfig, entry: str, device: torch.device, corpus: Corpus, progress=None,
@@ -388,8 +391,7 @@ def summarize(cfg: WireBenchConfig, trained: list[dict], dense_bytes_per_token: 
             sim_step = tl.median_step_s
             if measured is not None:
                 tl = Timeline(t["wall_step_end_s"], tl.busy_s, tl.link_bytes)
-            smooth = _smoothed(t["losses"], window)
-            hit = next((i for i, v in enumerate(smooth) if target is not None and v <= target + 1e-12), None)
+            hit = first_reach(t["losses"], window, target)
             ttt = tl.step_end_s[hit] if hit is not None else None
             if t is ref:
                 ref_time = ttt

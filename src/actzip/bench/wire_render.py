@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actzip.wire.stages import COMPRESSORS
+from actzip.wire.stages import COMPRESSORS, parse_boundary_options
 
 STAGE_COMPRESSORS = tuple(c for c in COMPRESSORS if c != "dense")  # built into the stages, not byte codecs
 
@@ -67,11 +67,13 @@ def render(record: dict):
 
 
 def _sweep_rows(records: list[dict]):
-    """Group a sweep's runs into table rows: ``(runs, dense_rows, best, ref, curve_of)``. ``runs`` maps a row name
-    to its runs by rate, ``best`` a row to its best run, ``ref`` is the best dense run of any row (None without
-    dense) and ``curve_of`` maps ``id(run)`` to the run's recorded loss curve (None when the record has none)."""
+    """Group a sweep's runs into table rows: ``(runs, dense_rows, control_rows, best, ref, curve_of)``. ``runs``
+    maps a row name to its runs by rate, ``control_rows`` names the dense-plus-anchors rows (boundary option
+    ``anchor_whole`` on: the fair reference for a boundary with anchors, since the anchors help dense by
+    themselves), ``best`` maps a row to its best run, ``ref`` is the best dense run of any row (None without dense)
+    and ``curve_of`` maps ``id(run)`` to the run's recorded loss curve (None when the record has none)."""
     runs: dict[str, dict[float, list[dict]]] = {}
-    dense_rows = set()
+    dense_rows, control_rows = set(), set()
     curve_of: dict[int, dict | None] = {}
     for rec in records:
         seen = set()
@@ -91,21 +93,18 @@ def _sweep_rows(records: list[dict]):
                 name += f" + {r['fwd_codec']}"
             if r["compressor"] == "dense":
                 dense_rows.add(name)
+            elif parse_boundary_options(options or "").get("anchor_whole") is True:
+                control_rows.add(name)
             runs.setdefault(name, {}).setdefault(r["lr"], []).append(r)
     best = {name: min((min(rs, key=lambda r: r["final_loss"]) for rs in per_lr.values()),
                       key=lambda r: r["final_loss"]) for name, per_lr in runs.items()}
-    ref = min((best[n] for n in dense_rows), key=lambda r: r["final_loss"]) if dense_rows else None
-    return runs, dense_rows, best, ref, curve_of
+    ref = _best_of(dense_rows, best)
+    return runs, dense_rows, control_rows, best, ref, curve_of
 
 
-CONTROL_MARK = "anchor_whole=true"  # boundary option of a dense-plus-anchors run, the fair reference for anchors
-
-
-def _control(best: dict) -> dict | None:
-    """The best run among the sweep's dense-plus-anchors rows (``anchor_whole=true``), or None without one: what a
-    boundary with anchors must match, since the anchors help a dense boundary by themselves."""
-    controls = [b for name, b in best.items() if CONTROL_MARK in name]
-    return min(controls, key=lambda r: r["final_loss"]) if controls else None
+def _best_of(rows, best: dict) -> dict | None:
+    """The best run among ``rows``, or None without any."""
+    return min((best[n] for n in rows), key=lambda r: r["final_loss"], default=None)
 
 
 def _gap(run: dict, ref: dict | None, key: str) -> str:
@@ -122,10 +121,10 @@ def sweep_markdown(records: list[dict]) -> str:
     of the rate (``stage_lr_scale``) or with boundary options (``--boundary``) gets rows of its own; the best dense run
     of any row is the reference. With a dense-plus-anchors row (``anchor_whole=true``) two more columns give each
     row's gaps to the best such run."""
-    runs, dense_rows, best, ref, _ = _sweep_rows(records)
+    runs, dense_rows, control_rows, best, ref, _ = _sweep_rows(records)
     if ref is None:
         return "No dense entry in the sweep: no gaps to show.\n"
-    control = _control(best)
+    control = _best_of(control_rows, best)
     rates = sorted({lr for per_lr in runs.values() for lr in per_lr})
     extra = " vs dense+anchors | val vs dense+anchors |" if control else ""
     lines = ["| entry | fwd ratio | " + " | ".join(f"{lr:g}" for lr in rates)
@@ -165,17 +164,13 @@ def gap_course(curve: dict, ref: dict, fractions=COURSE_POINTS, window: float = 
 
 def steps_to_loss(curve: dict, target: float, window: float = 0.1) -> int | None:
     """The first step at which a recorded loss curve's trailing mean (over ``window`` of the run, as the final
-    loss is taken) reaches ``target``; None if it never does. Recorded curves keep every few steps, so this is
-    the step of the first recorded point past the crossing."""
-    loss = curve["loss"]
-    w = max(1, round(window * len(loss)))
-    total = sum(loss[:w])
-    for end in range(w, len(loss) + 1):
-        if end > w:
-            total += loss[end - 1] - loss[end - 1 - w]
-        if total / w <= target + 1e-12:
-            return end * curve["every"]
-    return None
+    loss is taken) reaches ``target``, by the benchmark's own rule (:func:`actzip.bench.wire.first_reach`); None if
+    it never does. Recorded curves keep every few steps, so this is the step of the first recorded point past the
+    crossing."""
+    from actzip.bench.wire import first_reach
+
+    hit = first_reach(curve["loss"], max(1, round(window * len(curve["loss"]))), target)
+    return None if hit is None else (hit + 1) * curve["every"]
 
 
 def gap_course_markdown(records: list[dict]) -> str:
@@ -183,8 +178,8 @@ def gap_course_markdown(records: list[dict]) -> str:
     half, three quarters and the end of the run (training loss, from the recorded curves) and the step at which it
     reaches that run's final loss; then the same against the best dense-plus-anchors run, if the sweep has one.
     Empty when no row has a curve to compare."""
-    runs, dense_rows, best, ref, curve_of = _sweep_rows(records)
-    control = _control(best)
+    runs, dense_rows, control_rows, best, ref, curve_of = _sweep_rows(records)
+    control = _best_of(control_rows, best)
     text = _course_lines(runs, dense_rows, best, ref, curve_of)
     if not text:
         return ""
@@ -192,7 +187,7 @@ def gap_course_markdown(records: list[dict]) -> str:
             "the recorded curves, which keep every few steps, so the last point can differ a little from the "
             "table), and the first step at which that mean reaches the reference's final loss (the time target's "
             "measure, in steps):\n\n" + text)
-    against_control = _course_lines(runs, dense_rows, best, control, curve_of, skip=lambda name: CONTROL_MARK in name)
+    against_control = _course_lines(runs, dense_rows, best, control, curve_of, skip=control_rows.__contains__)
     if against_control:
         text += "\nThe same against the best dense-plus-anchors run:\n\n" + against_control
     return text
