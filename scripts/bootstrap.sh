@@ -14,5 +14,5 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   echo "installing ${ACTZIP_TORCH:-torch==2.13.0}"
   .venv/bin/python -m pip install -q "${ACTZIP_TORCH:-torch==2.13.0}"
 fi
-.venv/bin/python -m pip install -q -e ".[test,plot]"
+.venv/bin/python -m pip install -q -e ".[test,bench]"
 .venv/bin/python -c "import actzip, torch; print(f'actzip {actzip.__version__} on torch {torch.__version__}')"

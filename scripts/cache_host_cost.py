@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from actzip.codecs.quant import QuantCodec  # noqa: E402
 from actzip.kernels import quant_triton  # noqa: E402
 from actzip.memory import ActivationCache, RoleTracker, preset_rules  # noqa: E402
-from actzip.models import GPT, GPTConfig  # noqa: E402
+from actzip_bench.models import GPT, GPTConfig  # noqa: E402
 
 
 class _NoLaunch:

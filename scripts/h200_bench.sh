@@ -55,12 +55,12 @@ for stage in $stages; do
       for d in 4096 768; do for rows in 4096 8192 16384 32768; do for density in mid low; do
         az bench ffn --d $d --rows $rows --density $density --rounds 6 --json "$out/ffn-parts/d$d-r$rows-$density.json" | tail -12
       done; done; done
-      python3 -m actzip.bench.memory_suite "$out" ffn ;;
+      python3 -m actzip_bench.memory_suite "$out" ffn ;;
     ffn-fp8)  # the same stack with float8 matmuls (Fp8Linear), 16k rows, both densities
       for density in mid low; do
         az bench ffn --matmul fp8 --density $density --rounds 6 --json "$out/ffn-fp8-parts/$density.json" | tail -12
       done
-      python3 -m actzip.bench.memory_suite "$out" ffn-fp8 ;;
+      python3 -m actzip_bench.memory_suite "$out" ffn-fp8 ;;
     gpt)  # every strategy at the default 4096-token loss chunks, then the fused ones at 1024-token chunks
       az bench gpt --json "$out/gpt.json"
       az bench gpt --seq-lens 4096,8192 --strategies none,fused-arena,fused-arena-rebuild-ln2,fused-arena-rebuild \

@@ -5,7 +5,7 @@ import torch
 
 import actzip
 from actzip.codecs.mask import MaskCodec, kept_count, random_positions
-from actzip.core.errors import (
+from actzip.errors import (
     ConfigError,
     InvalidValueError,
     PayloadError,

@@ -16,7 +16,7 @@ import actzip.codecs.quant as quant_module
 from actzip.codecs.bitpack import unpack_bits
 from actzip.codecs.quant import FP8Codec, QuantCodec
 from actzip.codecs.sparse import memory_order
-from actzip.core.errors import ConfigError, InvalidValueError, UnsupportedDtypeError, UnsupportedLayoutError
+from actzip.errors import ConfigError, InvalidValueError, UnsupportedDtypeError, UnsupportedLayoutError
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 QUANT_CONFIGS = [

@@ -13,7 +13,7 @@ from actzip.codecs.rvq import (
     codebook_checksum,
     straight_through,
 )
-from actzip.core.errors import ActzipError, ConfigError
+from actzip.errors import ActzipError, ConfigError
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see tests/conftest.py

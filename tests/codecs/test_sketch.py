@@ -8,7 +8,7 @@ import torch
 import actzip.codecs.sketch  # noqa: F401  (registers the codec)
 from actzip.codecs.sketch import SketchCodec, derive_seed, sketch_matrix
 from actzip.core import registry
-from actzip.core.errors import ConfigError, PayloadError, UnsupportedDtypeError, UnsupportedLayoutError
+from actzip.errors import ConfigError, PayloadError, UnsupportedDtypeError, UnsupportedLayoutError
 
 
 def variance(x, k, kind):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import actzip
 from actzip.codecs.sparse import SparseCodec, entropy_bound, memory_order, memory_rows
 from actzip.core.dtypes import FLOAT_DTYPES, bit_view_dtype
-from actzip.core.errors import (
+from actzip.errors import (
     ConfigError,
     InvalidValueError,
     PayloadError,
@@ -406,7 +406,7 @@ def test_triton_on_cpu_error_in_a_fresh_process():
         "import torch, actzip\n"
         "try:\n"
         "    actzip.codecs.get('sparse', kernel='triton').encode(torch.ones(3))\n"
-        "except actzip.core.errors.ConfigError as e:\n"
+        "except actzip.errors.ConfigError as e:\n"
         "    print(type(e).__name__, e)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

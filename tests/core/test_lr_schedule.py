@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.core.lr_schedule import lr_factor, lr_scheduler
 
 

@@ -23,7 +23,7 @@ from test_sparse_triton import DEVICES  # noqa: E402  (CPU under the interpreter
 
 from actzip.codecs import quant as Q  # noqa: E402
 from actzip.codecs.quant import FP8Codec, QuantCodec  # noqa: E402
-from actzip.core.errors import ConfigError, InvalidValueError  # noqa: E402
+from actzip.errors import ConfigError, InvalidValueError  # noqa: E402
 from actzip.kernels import quant_bits as KB  # noqa: E402
 from actzip.kernels import fp8_triton as F8  # noqa: E402
 from actzip.kernels import quant_triton as K  # noqa: E402

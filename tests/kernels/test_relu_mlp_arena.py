@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import actzip
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory import ActivationCache, SparseGatedReLUMLP, SparseReLUMLP
 from actzip.memory import relu_mlp as R
 from actzip.memory.arena import Arena, GraphedStep

@@ -51,7 +51,7 @@ def test_kernels_match_oracle(device, dtype, sign_pack, square, shape, tile):
 
 
 def test_bad_dtype():
-    from actzip.core.errors import ConfigError
+    from actzip.errors import ConfigError
 
     with pytest.raises(ConfigError, match="float32, float16 or bfloat16"):
         K.activation(None, None, None, (4,), torch.float8_e4m3fn, 64, False, True)

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'actzip[triton]')")
 
 from actzip.codecs.sparse import SparseCodec  # noqa: E402
-from actzip.core.errors import ConfigError  # noqa: E402
+from actzip.errors import ConfigError  # noqa: E402
 from actzip.kernels import sparse_encode_triton as se  # noqa: E402
 from actzip.memory.arena import Arena  # noqa: E402
 

@@ -6,7 +6,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'actzip[triton]')")
 
 from actzip.codecs.bitpack import pack_tile_words  # noqa: E402
-from actzip.core.errors import ConfigError  # noqa: E402
+from actzip.errors import ConfigError  # noqa: E402
 from actzip.kernels import sparse_signpack_triton as sp  # noqa: E402
 from actzip.kernels import sparse_triton as st  # noqa: E402
 

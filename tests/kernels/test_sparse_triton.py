@@ -14,7 +14,7 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'actz
 from actzip.codecs.bitpack import pack_bool, pack_tile_words, tile_words  # noqa: E402
 from actzip.codecs.sparse import SparseCodec  # noqa: E402
 from actzip.core.dtypes import bit_view_dtype  # noqa: E402
-from actzip.core.errors import ConfigError, InvalidValueError  # noqa: E402
+from actzip.errors import ConfigError, InvalidValueError  # noqa: E402
 from actzip.kernels import runtime  # noqa: E402
 from actzip.kernels import sparse_triton as st  # noqa: E402
 

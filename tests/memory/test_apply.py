@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import actzip
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory import ActivationCache, SparseGatedReLUMLP, SparseMLPConfig, SparseReLUMLP, compress_
-from actzip.models import GPT, GPTConfig
+from actzip_bench.models import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
 

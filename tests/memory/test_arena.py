@@ -4,7 +4,7 @@ per-step overflow flag a fused optimizer reads as found_inf."""
 import pytest
 import torch
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory.arena import ALIGN, Arena
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

@@ -10,11 +10,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import actzip
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory import ActivationCache, Fp8Linear, SparseGatedReLUMLP, SparseMLPConfig, SparseReLUMLP, fp8_linears_
 from actzip.memory import fp8_linear as F8
 from actzip.memory.fp8_linear import E4M3, E5M2, Fp8Config, quantize_tensorwise
-from actzip.models.gpt import GPT, GPTConfig
+from actzip_bench.models.gpt import GPT, GPTConfig
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}

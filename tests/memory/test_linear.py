@@ -9,7 +9,7 @@ import torch.nn as nn
 
 import actzip.codecs.sketch  # noqa: F401  (registers the codec)
 from actzip.codecs.sketch import derive_seed, sketch_matrix
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory import ActivationCache, CacheConfig
 from actzip.memory.linear import SketchedLinear, sketch_linears_
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory import ActivationCache
 from actzip.memory.lora import (
     LoRACompression,

@@ -11,7 +11,7 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 import actzip.lora
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory.lora import saved_bytes_by_module
 from actzip.memory.lora_peft import CompressedLoraLinear
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory import ActivationCache, CacheConfig, Rule, compressed, preset_rules
 from actzip.memory.offload import (
     OffloadConfig,

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory import ActivationCache
 from actzip.memory.presets import PRESETS, compressed, describe, preset_rules
 from actzip.memory.roles import RoleTracker, tracking

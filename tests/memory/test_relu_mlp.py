@@ -117,7 +117,7 @@ def test_no_grad_and_eval_paths_match():
 
 
 def test_lossy_codec_refused():
-    from actzip.core.errors import ConfigError
+    from actzip.errors import ConfigError
 
     class Lossy:
         lossless = False

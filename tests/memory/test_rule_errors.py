@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from actzip.codecs.quant import QuantCodec
-from actzip.core.errors import ConfigError, UnknownCodecError
+from actzip.errors import ConfigError, UnknownCodecError
 from actzip.memory import ActivationCache, CacheConfig, Rule, compressed, preset_rules
 from actzip.memory.roles import tracking
 

@@ -8,9 +8,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from actzip.core.errors import ConfigError, UnknownCodecError
+from actzip.errors import ConfigError, UnknownCodecError
 from actzip.memory import ActivationCache, CacheConfig, Rule
-from actzip.models import GPT, GPTConfig
+from actzip_bench.models import GPT, GPTConfig
 
 
 def grads_of(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -314,7 +314,7 @@ def test_a_payload_shared_by_several_saves_is_decoded_once():
 
 def test_a_codec_error_names_the_saved_tensor():
     import actzip
-    from actzip.core.errors import InvalidValueError
+    from actzip.errors import InvalidValueError
 
     codec = actzip.codecs.get("quant", bits=8, kernel="torch")  # check=True: inf/NaN refused
     cache = ActivationCache(rules=[Rule("all", lambda t: t.dim() == 2 and t.shape[0] == 4, codec)])

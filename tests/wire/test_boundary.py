@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from actzip.codecs.rvq import RVQConfig
-from actzip.core.errors import ActzipError, ConfigError
+from actzip.errors import ActzipError, ConfigError
 from actzip.wire.boundary import (
     BottleneckConfig,
     DenseConfig,

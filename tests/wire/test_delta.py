@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.wire.codecs import BoundaryCodec
 from actzip.wire.delta import DeltaCodec
 from actzip.wire.transport import WireDesyncError

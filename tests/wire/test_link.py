@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.wire.link import (
     Action,
     LinkModel,

@@ -9,9 +9,9 @@ import torch
 from gloo_ranks import run_ranks
 from torch import nn
 
-from actzip.bench.wire import split_gpt
-from actzip.core.errors import ConfigError
-from actzip.models import GPT, GPTConfig
+from actzip_bench.wire import split_gpt
+from actzip.errors import ConfigError
+from actzip_bench.models import GPT, GPTConfig
 from actzip.wire.link import LinkSpec, simulate
 from actzip.wire.pipeline import (
     PipelineConfig,

@@ -3,9 +3,9 @@ import torch
 import torch.nn.functional as F
 
 from actzip.codecs.rvq import CodebookDesyncError, codebook_checksum
-from actzip.core.errors import ConfigError
-from actzip.data import Corpus
-from actzip.models import GPT, GPTConfig
+from actzip.errors import ConfigError
+from actzip_bench.data import Corpus
+from actzip_bench.models import GPT, GPTConfig
 from actzip.wire.stages import (
     COMPRESSORS,
     WireMeter,

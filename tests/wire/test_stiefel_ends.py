@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from gloo_ranks import run_ranks
 
-from actzip.core.errors import ConfigError
-from actzip.models import GPTConfig
-from actzip.wire.errors import WireDesyncError
+from actzip.errors import ConfigError
+from actzip_bench.models import GPTConfig
+from actzip.errors import WireDesyncError
 from actzip.wire.pipeline import PipelineConfig, SimulatedPipeline, run_stage
 from actzip.wire.stages import WireMeter, build_stages, exchange_backward, run_chain
 

@@ -9,7 +9,7 @@ import torch
 from gloo_ranks import run_ranks
 
 import actzip
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.wire.transport import (
     HEADER_BYTES,
     SCHEMA_SLOTS,
@@ -166,7 +166,7 @@ def test_loopback_receive_without_a_message_fails_at_once():
 def test_unsendable_meta_is_named():
     _, a, _ = shake()
     p = actzip.codecs.Payload("quant", torch.Size([1]), torch.float32, torch.device("cpu"), {}, {"f": object()})
-    with pytest.raises(actzip.core.errors.PayloadError, match="p.meta.f"):
+    with pytest.raises(actzip.errors.PayloadError, match="p.meta.f"):
         a.send(1, {"p": p}, channel="fwd")
 
 

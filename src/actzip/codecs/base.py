@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from actzip.core.dtypes import check_dense_tensor
-from actzip.core.errors import PayloadError
+from actzip.errors import PayloadError
 from actzip.core.payload import Payload
 
 

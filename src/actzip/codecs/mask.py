@@ -35,7 +35,7 @@ from actzip.codecs.bitpack import pack_bool, unpack_bool
 from actzip.codecs.quant import LOSSY_DTYPES, _check_seed, _choices
 from actzip.codecs.sketch import derive_seed
 from actzip.codecs.sparse import memory_order, restore_order
-from actzip.core.errors import ConfigError, InvalidValueError, PayloadError
+from actzip.errors import ConfigError, InvalidValueError, PayloadError
 from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
 

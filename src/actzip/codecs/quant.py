@@ -69,7 +69,7 @@ import torch
 from actzip.codecs.base import Codec
 from actzip.codecs.bitpack import pack_bits, unpack_bits
 from actzip.codecs.sparse import KERNELS, memory_order, memory_rows, restore_order
-from actzip.core.errors import ConfigError, InvalidValueError
+from actzip.errors import ConfigError, InvalidValueError
 from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
 

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from actzip.codecs.bitpack import pack_bits, unpack_bits
-from actzip.core.errors import ConfigError, PayloadError
+from actzip.errors import CodebookDesyncError, ConfigError, PayloadError
 from actzip.core.payload import Payload
 
 __all__ = [
@@ -58,10 +58,6 @@ __all__ = [
 ]
 
 _DELTA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-class CodebookDesyncError(PayloadError):
-    """The receiver's codebook is not the one the sender encoded with; resynchronize with a full snapshot."""
 
 
 @dataclass

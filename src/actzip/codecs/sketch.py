@@ -26,7 +26,7 @@ import torch
 
 from actzip.codecs.base import Codec
 from actzip.codecs.quant import LOSSY_DTYPES, _choices, _check_seed, _work_dtype
-from actzip.core.errors import ConfigError, UnsupportedLayoutError
+from actzip.errors import ConfigError, UnsupportedLayoutError
 from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
 

@@ -40,7 +40,7 @@ import torch
 from actzip.codecs.base import Codec
 from actzip.codecs.bitpack import pack_bool, pack_tile_words, tile_words, unpack_bool, unpack_tile_words
 from actzip.core.dtypes import FLOAT_DTYPES, bit_view_dtype, bit_width
-from actzip.core.errors import ConfigError, InvalidValueError
+from actzip.errors import ConfigError, InvalidValueError
 from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from actzip.core.errors import UnsupportedDtypeError, UnsupportedLayoutError
+from actzip.errors import UnsupportedDtypeError, UnsupportedLayoutError
 
 # float dtype -> same-width integer dtype used to move its bits.
 _BIT_VIEW: dict[torch.dtype, torch.dtype] = {

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 
 LR_SCHEDULES = ("constant", "cosine")
 

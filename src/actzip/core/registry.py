@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from actzip.core.errors import ConfigError, UnknownCodecError
+from actzip.core.spec import parse_spec
+from actzip.errors import ConfigError, UnknownCodecError
 
 if TYPE_CHECKING:
     from actzip.codecs.base import Codec
@@ -39,11 +40,18 @@ def codec_class(name: str) -> type:
         raise UnknownCodecError(f"unknown codec {name!r}; available: {', '.join(available())}") from None
 
 
-def get(name: str, **options) -> "Codec":
-    """A codec instance by registry name, built with ``options``.
+def get(spec: str, **options) -> "Codec":
+    """A codec instance by registry name or spec string, built with ``options``.
 
-    An unknown name or option raises :class:`~actzip.core.errors.ConfigError` listing what would fit.
+    ``get("quant:bits=4,group_size=128")`` is ``get("quant", bits=4, group_size=128)``; an option given both in
+    the spec and as a keyword is an error. An unknown name or option raises :class:`~actzip.errors.ConfigError`
+    listing what would fit.
     """
+    name, spec_options = parse_spec(spec)
+    both = sorted(set(spec_options) & set(options))
+    if both:
+        raise ConfigError(f"codec spec {spec!r}: option(s) {', '.join(both)} given both in the spec and as keywords")
+    options = {**spec_options, **options}
     cls = codec_class(name)
     params = inspect.signature(cls.__init__).parameters
     accepted = [p for p in params if p != "self" and params[p].kind is inspect.Parameter.KEYWORD_ONLY]

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.kernels.quant_bits import FP8_LAYOUT, fp8_round, fp8_round_stochastic, fp8_scale, fp8_value
 from actzip.kernels.quant_triton import (
     _bcast,

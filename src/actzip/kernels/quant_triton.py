@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.kernels.quant_bits import mix32, pair_bits
 
 MAX_GROUP = 4096  # largest group a program takes (one group must fit in one program's registers)

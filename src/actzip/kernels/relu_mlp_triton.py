@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.kernels.sparse_triton import _base, _num_warps, _width, check_tile_size, load_tile_bits
 
 _FLOAT = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}

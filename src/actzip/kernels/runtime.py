@@ -22,14 +22,10 @@ from collections import Counter
 
 import torch
 
-from actzip.core.errors import ConfigError
+from actzip.errors import KernelUnavailableError
 
 _KERNEL_MODULES = ("actzip.kernels.sparse_triton", "actzip.kernels.quant_triton")
 _TRUE = {"1", "true", "on", "yes"}
-
-
-class KernelUnavailableError(ConfigError):
-    """A Triton kernel was asked for (``kernel="triton"``) but cannot run here; the message says why."""
 
 
 @functools.lru_cache(maxsize=None)

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from actzip.core.dtypes import bit_view_dtype
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.kernels import sparse_triton
 from actzip.kernels.sparse_triton import (
     _TL_DTYPE as _TL_BITS,

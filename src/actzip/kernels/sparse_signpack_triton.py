@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.kernels.sparse_triton import _num_warps
 
 

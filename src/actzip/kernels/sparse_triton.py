@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from actzip.core.dtypes import bit_view_dtype
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 
 DEFAULT_TILE_SIZE = 4096
 MIN_TILE_SIZE = 64

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from actzip.core import registry
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory.relu_mlp import SparseGatedReLUMLP, SparseReLUMLP
 
 FilterFn = Callable[[nn.Module, str], bool]
@@ -70,7 +70,7 @@ class SparseMLPConfig:
 # to be exactly down(act(up(x))) [then dropout] or down(act(gate(x)) * up(x)).
 _PLAIN = {"MLP": ("c_fc", "act", "c_proj"), "GPT2MLP": ("c_fc", "act", "c_proj"), "NemotronHMLP": ("up_proj", "act_fn", "down_proj")}
 _GATED = {n: ("gate_proj", "up_proj", "act_fn", "down_proj") for n in ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")}
-_KNOWN_MODULES = ("actzip.models.gpt", "transformers.")
+_KNOWN_MODULES = ("actzip_bench.models.gpt", "transformers.")
 
 
 def _activation_kind(module: nn.Module, act) -> str | None:

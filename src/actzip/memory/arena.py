@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 
 ALIGN = 16  # bytes; every reservation starts on a 16-byte boundary (vector loads, any element type)
 

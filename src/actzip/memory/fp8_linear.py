@@ -42,7 +42,7 @@ multiplied by ``s_a s_b`` (two roundings instead of one). Each refused combinati
 e5m2 x e4m3 backward) are the ones sm_89 / sm_90 accept; the CPU accepts every pair.
 
 Shapes: ``in_features`` and ``out_features`` must be multiples of 16 (``_scaled_mm``'s rule for the contracted
-and output dimensions): :class:`Fp8Linear` raises a :class:`~actzip.core.errors.ConfigError` naming the layer
+and output dimensions): :class:`Fp8Linear` raises a :class:`~actzip.errors.ConfigError` naming the layer
 otherwise, and :func:`fp8_linears_` keeps such layers as ``nn.Linear``, saying which.
 """
 
@@ -55,7 +55,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from actzip.core.errors import ConfigError, UnsupportedDtypeError
+from actzip.errors import ConfigError, UnsupportedDtypeError
 
 E4M3 = torch.float8_e4m3fn  # inputs and weights: more mantissa bits
 E5M2 = torch.float8_e5m2  # output gradients: more exponent range

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from actzip.codecs.quant import _check_seed
 from actzip.codecs.sketch import check_kind, check_rank, derive_seed, sign_matrix, sketch_apply, sketch_matrix
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory.saved import record_external
 
 

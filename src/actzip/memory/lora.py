@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from actzip.codecs.bitpack import pack_bool, unpack_bool
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory.saved import record_external
 
 METHODS = ("lora", "fa", "care")

@@ -22,7 +22,7 @@ from peft.tuners.lora import layer as lora_layer
 from peft.tuners.lora.layer import LoraLayer
 from torch import nn
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory.lora import LoRACompression, current_row_mask, lora_linear, row_mask
 
 _HOOKS = "_actzip_lora_hooks"  # attribute of the model holding the attention-mask hook handles

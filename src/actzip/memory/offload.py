@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from actzip.codecs.sparse import memory_order, restore_order
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory.handout import Handout
 
 

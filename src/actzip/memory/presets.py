@@ -73,7 +73,7 @@ import torch
 
 from actzip.codecs.quant import QUANT_BITS
 from actzip.core import registry
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory.offload import Offloader
 from actzip.memory.roles import (
     ATTENTION,
@@ -247,7 +247,7 @@ def preset_rules(
       offload: ``True`` (or an :class:`~actzip.memory.offload.Offloader` to share) moves everything the rules
         store to pinned CPU memory.
 
-    Unknown names, roles and treatments raise :class:`~actzip.core.errors.ConfigError` listing what exists.
+    Unknown names, roles and treatments raise :class:`~actzip.errors.ConfigError` listing what exists.
     """
     preset = _get(name)
     cfg = CacheConfig(min_bytes=min_bytes, min_zero_fraction=min_zero_fraction)

@@ -26,7 +26,7 @@ from actzip.codecs.base import Codec
 from actzip.codecs.sparse import SparseCodec
 from actzip.core.dtypes import bit_view_dtype
 from actzip.core import registry
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.core.payload import Payload
 from actzip.memory.arena import Arena, Reservation
 from actzip.memory.rebuild import autocast_as_now, rebuild_saved

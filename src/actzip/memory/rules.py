@@ -17,7 +17,7 @@ from actzip.codecs.base import Codec
 from actzip.core import registry
 from actzip.codecs.sparse import memory_order
 from actzip.core.dtypes import FLOAT_DTYPES, bit_view_dtype, dtype_names
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.memory.offload import Offloader
 
 

@@ -12,8 +12,8 @@ from collections import deque
 
 import torch
 
-from actzip.core.errors import ConfigError
-from actzip.wire.errors import WireDesyncError, WireError, WirePeerError, WireTimeoutError
+from actzip.errors import ConfigError
+from actzip.errors import WireDesyncError, WireError, WirePeerError, WireTimeoutError
 
 
 def _map_dist_error(e: Exception, rank: int, peer: int, what: str, timeout_s: float) -> WireError:

@@ -38,7 +38,7 @@ from torch import nn
 
 from actzip.codecs.rvq import RVQConfig
 from actzip.codecs.sketch import derive_seed
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.wire.stiefel import RETRACTIONS, random_stiefel
 
 __all__ = [  # fmt: skip

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actzip.core.errors import ConfigError, PayloadError
+from actzip.errors import ConfigError, PayloadError
 from actzip.core.payload import Payload
 from actzip.core.registry import codec_class, get
 from actzip.wire.delta import DeltaCodec

@@ -26,7 +26,7 @@ import torch
 
 from actzip.codecs.quant import LOSSY_DTYPES, QuantCodec
 from actzip.core.dtypes import check_dense_tensor
-from actzip.core.errors import ConfigError, PayloadError
+from actzip.errors import ConfigError, PayloadError
 from actzip.core.payload import Payload
 from actzip.wire.transport import WireDesyncError
 

@@ -34,7 +34,7 @@ import sys
 from collections import deque
 from dataclasses import dataclass, field
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.wire.transport import WireError
 
 __all__ = ["Action", "LinkModel", "LinkSpec", "NetnsLink", "Timeline", "netns_unavailable_reason", "simulate"]

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from actzip.codecs.rvq import CodebookDesyncError
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.core.lr_schedule import check_lr_schedule, lr_scheduler
 from actzip.wire.codecs import BoundaryCodec
 from actzip.wire.link import Action

@@ -40,8 +40,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from actzip.codecs.rvq import RVQConfig
-from actzip.core.errors import ConfigError
-from actzip.models.gpt import GPT, GPTConfig
+from actzip.errors import ConfigError
+from actzip_bench.models.gpt import GPT, GPTConfig
 from actzip.wire.boundary import (
     BottleneckConfig,
     BoundaryConfig,

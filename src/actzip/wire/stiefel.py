@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 import torch
 
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 
 __all__ = [
     "RETRACTIONS",

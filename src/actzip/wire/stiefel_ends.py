@@ -26,9 +26,9 @@ from torch import nn
 
 from actzip.codecs.rvq import CodebookDelta, RVQCodebook, RVQLearner, straight_through
 from actzip.codecs.sketch import derive_seed
-from actzip.core.errors import ConfigError
+from actzip.errors import ConfigError
 from actzip.wire.boundary import BoundaryReceiver, BoundarySender, StiefelConfig
-from actzip.wire.errors import WireDesyncError
+from actzip.errors import WireDesyncError
 from actzip.wire.stiefel import StiefelStepper, random_stiefel
 
 __all__ = ["StiefelReceiver", "StiefelSender"]

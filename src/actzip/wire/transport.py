@@ -30,7 +30,7 @@ a rank that fails sends ``abort`` with its reason to its peers (:meth:`Transport
 
 :class:`LoopbackBackend` carries the same bytes between stages of one process (the simulated pipeline), so its
 meter counts what the distributed transport would send. The backends are in :mod:`actzip.wire.backends`, the
-errors in :mod:`actzip.wire.errors`; both are importable from here too.
+errors in :mod:`actzip.errors`; both are importable from here too.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
-from actzip.core.errors import ConfigError, PayloadError
+from actzip.errors import ConfigError, PayloadError
 from actzip.core.payload import Payload
 from actzip.wire.backends import DistBackend, LoopbackBackend, LoopbackHub
-from actzip.wire.errors import (
+from actzip.errors import (
     WireConfigMismatchError,
     WireDesyncError,
     WireError,

@@ -1,5 +1,0 @@
-import sys
-
-from actzip.cli import main
-
-sys.exit(main())

@@ -1,5 +1,0 @@
-"""Training data that needs no download."""
-
-from actzip.data.corpus import Corpus, decode, default_cache_dir, stdlib_source_files
-
-__all__ = ["Corpus", "decode", "default_cache_dir", "stdlib_source_files"]

@@ -1,5 +1,0 @@
-"""Reference models used to study and benchmark activation compression."""
-
-from actzip.models.gpt import ACTIVATIONS, GPT, MLP, Block, CausalSelfAttention, GPTConfig
-
-__all__ = ["ACTIVATIONS", "GPT", "GPTConfig", "CausalSelfAttention", "MLP", "Block"]

@@ -1,0 +1,5 @@
+import sys
+
+from actzip_bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,148 @@
+"""Loss curves of the activation-cache presets: the same GPT, weights and batches under each preset.
+
+Trains the reference GPT (or, with ``activation="swiglu"``, a HuggingFace Llama of the same size built from a
+local config) from the same initial weights on the same batches of the embedded corpus once per preset
+(``lossless``, ``conservative``, ``balanced``, ``aggressive``, ``4bit``), recording the training loss, the
+validation loss at the end, the bytes the cache kept per token, and the step time. The final-loss gap to
+``lossless`` (which is bit-identical to no compression) is the price of each lossy preset.
+
+``sketch-d8`` is not a cache preset but takes part the same way: every ``nn.Linear`` but the output head
+becomes a :class:`~actzip.memory.linear.SketchedLinear` of rank ``in_features / 8`` for that run (a cache that
+compresses nothing counts what autograd keeps).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from actzip_bench.data import Corpus
+from actzip.memory import ActivationCache, RoleTracker, preset_rules
+from actzip.memory.rules import count_only_rules
+from actzip_bench.models import GPT, GPTConfig
+
+SKETCH = "sketch-d8"  # the unbiased rank-d/8 sketch of every linear input but the head's
+
+
+@dataclass
+class PresetBenchConfig:
+    model: str = "tiny"  # GPTConfig preset
+    # GELU exercises the nonlinear-input rules; relu2 the sparse ones; swiglu: an HF LlamaForCausalLM of the GPT
+    # preset's width, depth and sequence length, byte vocabulary, built from a local config
+    activation: str = "gelu"
+    presets: tuple[str, ...] = ("lossless", "conservative", "balanced", "aggressive")
+    steps: int = 2000
+    batch_size: int = 16
+    lr: float = 1e-3
+    min_bytes: int = 0  # compress every tensor the rules select, however small (tiny models have small tensors)
+    corpus_bytes: int = 4_000_000
+    eval_batches: int = 8
+    log_every: int = 10  # keep every n-th training loss in the record
+
+
+def _val_loss(model, loss_fn, block: int, corpus: Corpus, cfg: PresetBenchConfig, device) -> float:
+    g = torch.Generator().manual_seed(1234)
+    losses = []
+    model.eval()
+    with torch.no_grad():
+        for _ in range(cfg.eval_batches):
+            x, y = corpus.get_batch("val", cfg.batch_size, block, generator=g, device=device)
+            losses.append(float(loss_fn(x, y)))
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def _build(cfg: PresetBenchConfig, device: torch.device):
+    """The model, its loss ``(x, y) -> scalar``, an optimizer factory and the sequence length."""
+    gcfg = GPTConfig.preset(cfg.model) if cfg.activation == "swiglu" else \
+        GPTConfig.preset(cfg.model, activation=cfg.activation)
+    torch.manual_seed(0)
+    if cfg.activation == "swiglu":
+        from actzip_bench.cache import CacheBenchConfig, _adamw, build_model
+
+        ccfg = CacheBenchConfig(models=("llama-swiglu",), gpt_preset=cfg.model, seq_len=gcfg.block_size,
+                                vocab_size=256, loss_chunk=0, dtype="float32")
+        m = build_model("llama-swiglu", ccfg, device)
+        return m.module, m.loss, lambda: _adamw(m.module, cfg.lr), gcfg.block_size
+    base = GPT(gcfg).to(device)
+    return base, (lambda x, y: base(x, y)[1]), (lambda: base.configure_optimizer(lr=cfg.lr)), gcfg.block_size
+
+
+def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> dict:
+    from actzip_bench.cache import sketch_modules, use_modules
+    from actzip_bench.harness import machine_record
+
+    corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
+    base, loss_fn, make_opt, block = _build(cfg, device)
+    init = {k: v.clone() for k, v in base.state_dict().items()}
+    tokens = cfg.batch_size * block
+    runs = []
+    for name in cfg.presets:
+        base.load_state_dict(init)
+        plain = sketch_modules(base, 1 / 8)[1] if name == SKETCH else None
+        opt = make_opt()
+        rules = count_only_rules() if name == SKETCH else preset_rules(name, min_bytes=cfg.min_bytes)
+        cache = ActivationCache(rules=rules)  # built once: fresh noise each step
+        g = torch.Generator().manual_seed(0)
+        losses, times, kept, before = [], [], [], []
+        for step in range(cfg.steps):
+            x, y = corpus.get_batch("train", cfg.batch_size, block, generator=g, device=device)
+            t0 = time.perf_counter()
+            with RoleTracker(), cache:
+                loss = loss_fn(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+            losses.append(float(loss.detach()))
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                kept.append(cache.last.bytes_after)
+                before.append(cache.last.bytes_before)
+            cache.history.clear()
+            if progress is not None:
+                progress(name, step)
+        if plain is not None:
+            use_modules(base, plain)
+        tail = losses[-50:]
+        runs.append({
+            "preset": name,
+            "final_train_loss": sum(tail) / len(tail),
+            "val_loss": _val_loss(base, loss_fn, block, corpus, cfg, device),
+            "saved_bytes_per_token": statistics.fmean(kept) / tokens,
+            "dense_bytes_per_token": statistics.fmean(before) / tokens,
+            "step_time_s": statistics.median(times[5:]) if len(times) > 5 else statistics.median(times),
+            "train_loss": losses[:: cfg.log_every],
+        })
+    ref = next((r for r in runs if r["preset"] == "lossless"), runs[0])
+    for r in runs:
+        r["val_loss_gap"] = r["val_loss"] / ref["val_loss"] - 1
+        r["train_loss_gap"] = r["final_train_loss"] / ref["final_train_loss"] - 1
+    return {"config": asdict(cfg), "tokens_per_step": tokens, "runs": runs, "machine": machine_record(device)}
+
+
+def plot(record: dict, path) -> None:
+    """Training-loss curves of every preset, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    every = record["config"]["log_every"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in record["runs"]:
+        xs = [i * every for i in range(len(r["train_loss"]))]
+        ax.plot(xs, r["train_loss"], label=f"{r['preset']} (val gap {r['val_loss_gap']:+.2%})", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    c = record["config"]
+    family = "Llama (HF)" if c["activation"] == "swiglu" else "GPT"
+    ax.set_title(f"{c['model']}-size {c['activation']} {family}: activation-cache presets")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,134 @@
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from actzip_bench.cache import KNOWN_STRATEGIES, MODELS, STRATEGIES, CacheBenchConfig
+from actzip_bench.report import build
+from actzip_bench.cli import main
+from actzip.errors import ConfigError
+
+pytest.importorskip("transformers")
+
+RUN_FIELDS = {"strategy", "bytes_dense", "bytes_saved", "head_bytes", "x_smaller", "x_smaller_without_head", "by_rule",
+              "grad_rel_error", "grad_cosine", "median_ms", "rounds", "peak_bytes", "peak_vs_none", "time_vs_none",
+              "last_loss", "probe_loss"}
+MODEL_FIELDS = {"model", "params", "vocab_size", "seq_len", "batch_size", "tokens_per_step", "resident_bytes", "runs"}
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """The --quick run on the CPU, through the command line (one thread: the machine may be shared)."""
+    tmp = tmp_path_factory.mktemp("cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ACTZIP_CACHE_DIR", str(tmp))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tmp / "results" / "cpu" / "cache.json"
+        assert main(["bench", "cache", "--quick", "--device", "cpu", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        mp.undo()
+    return tmp, json.loads(out.read_text())
+
+
+def _runs(rec, model):
+    m = next(m for m in rec["models"] if m["model"] == model)
+    return {r["strategy"]: r for r in m["runs"]}
+
+
+def test_quick_record_has_every_model_strategy_and_field(quick):
+    _, rec = quick
+    assert rec["config"]["gpt_preset"] == "tiny" and rec["config"]["min_bytes"] == 0 and rec["config"]["loss_chunk"] == 128
+    assert {"config", "strategies", "models", "targets", "machine", "command", "kernel_fallbacks"} <= rec.keys()
+    assert [m["model"] for m in rec["models"]] == list(MODELS)
+    for m in rec["models"]:
+        assert MODEL_FIELDS <= m.keys()
+        assert [r["strategy"] for r in m["runs"]] == list(STRATEGIES)
+        for r in m["runs"]:
+            assert RUN_FIELDS <= r.keys(), r["strategy"]
+            assert r["peak_bytes"] is None  # CPU: no peak
+            assert r["head_bytes"] == 0 and r["x_smaller_without_head"] == r["x_smaller"]  # chunked loss: no logits kept
+            assert math.isfinite(r["last_loss"]) and 0 < r["last_loss"] < 10
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_each_strategy_reduces_bytes_where_it_should(quick, model):
+    _, rec = quick
+    runs = _runs(rec, model)
+    none = runs["none"]["bytes_saved"]
+    assert runs["none"]["x_smaller"] == 1.0 and runs["none"]["grad_rel_error"] == 0.0
+    # Exact strategies: identical gradients (CPU kernels are deterministic).
+    for s in ("checkpoint", "sparse"):
+        assert runs[s]["grad_rel_error"] == 0.0, s
+    assert runs["checkpoint"]["bytes_saved"] < none / 2
+    if model == "gpt-relu2":
+        assert runs["sparse"]["bytes_saved"] < 0.9 * none  # relu outputs are about half zeros
+    else:
+        assert runs["sparse"]["bytes_saved"] == none  # nothing is mostly zero
+    # Lossy: fewer bits, fewer bytes, larger gradient error.
+    order = ["none", "conservative", "balanced", "aggressive"]
+    assert all(runs[a]["bytes_saved"] > runs[b]["bytes_saved"] for a, b in zip(order, order[1:]))
+    # every float activation at 4 bits + 64 bits of group parameters per 128 (4.5 of 16): 3.56x at most; 2bit
+    # takes linear inputs further, to 2.5 bits
+    assert runs["2bit"]["bytes_saved"] < runs["4bit"]["bytes_saved"] and runs["4bit"]["x_smaller"] > 3.4
+    assert runs["2bit"]["bytes_saved"] < runs["aggressive"]["bytes_saved"]
+    assert 0 < runs["conservative"]["grad_rel_error"] < runs["balanced"]["grad_rel_error"] < runs["aggressive"]["grad_rel_error"] < 1
+    # What each quantized rule stores: bits + 64 bits of group parameters per 128 elements, of 16-bit tensors.
+    for s, rule, bits in (("balanced", "linear_input:quant4", 4), ("2bit", "linear_input:quant2", 2),
+                          ("4bit", "attention:quant4", 4), ("2bit", "attention:quant4", 4)):
+        st = runs[s]["by_rule"][rule]
+        assert st["stored_bytes"] <= st["dense_bytes"] * (bits + 0.5) / 16 + 64, (s, rule)
+    # The sketch keeps in_features/8 columns of each linear input (the output head excluded).
+    sk = runs["sketch-d8"]
+    assert sk["by_rule"]["sketch"]["stored_bytes"] * 8 == sk["by_rule"]["sketch"]["dense_bytes"]
+    assert sk["bytes_saved"] < none and 0 < sk["grad_rel_error"] < 5 and sk["grad_cosine"] > 0
+
+
+def test_targets_and_report(quick):
+    root, rec = quick
+    keys = {t["target"] for t in rec["targets"]}
+    assert keys == {"cache_4bit_x", "peak_4bit_llama", "time_4bit", "peak_sketch", "cache_2bit_x"}
+    for t in rec["targets"]:
+        assert t["line"] and t["model"] in MODELS
+        if t["target"] in ("peak_4bit_llama", "time_4bit", "peak_sketch"):
+            assert t["met"] is None  # not measured on a CPU
+    x4 = next(t for t in rec["targets"] if t["target"] == "cache_4bit_x" and t["model"] == "llama-swiglu"
+              and t["strategy"] == "balanced")
+    assert x4["value"] == _runs(rec, "llama-swiglu")["balanced"]["x_smaller"] and x4["met"] is False
+    text = build(root)
+    assert "## Activation cache: bytes, peak memory and step time per strategy (tiny size, vocabulary 256)" in text
+    assert "### llama-swiglu:" in text and "| 4bit |" in text and "`sketch-d8`:" in text
+    assert x4["line"] in text
+
+
+def test_full_loss_head_reported_apart(tmp_path, monkeypatch):
+    from actzip_bench.cache import run_cache, with_quick
+
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    cfg = with_quick(CacheBenchConfig(models=("llama-swiglu", "gpt-gelu"), strategies=("none", "balanced")))
+    rec = run_cache(dataclasses.replace(cfg, loss_chunk=0, rounds=1, warmup=0), torch.device("cpu"))
+    for m in rec["models"]:
+        runs = {r["strategy"]: r for r in m["runs"]}
+        head = m["tokens_per_step"] * m["vocab_size"] * 4  # float32 log-softmax, kept by every strategy
+        assert runs["none"]["head_bytes"] == runs["balanced"]["head_bytes"] == head
+        b = runs["balanced"]
+        assert b["x_smaller_without_head"] == pytest.approx((runs["none"]["bytes_saved"] - head) / (b["bytes_saved"] - head))
+        assert b["x_smaller_without_head"] > b["x_smaller"] > 1
+
+
+def test_config_errors(capsys):
+    with pytest.raises(ConfigError, match="unknown strategies"):
+        CacheBenchConfig(strategies=("none", "3bit"))
+    with pytest.raises(ConfigError, match="must include 'none'"):
+        CacheBenchConfig(strategies=("balanced",))
+    with pytest.raises(ConfigError, match="unknown or no models"):
+        CacheBenchConfig(models=("gpt-swish",))
+    with pytest.raises(ConfigError, match="vocab_size"):
+        CacheBenchConfig(vocab_size=100)
+    assert "lossless" in KNOWN_STRATEGIES and "lossless" not in STRATEGIES  # the same rules as "sparse"
+    assert main(["bench", "cache", "--quick", "--strategies", "none,5bit", "--device", "cpu"]) == 2
+    assert "unknown strategies" in capsys.readouterr().err

@@ -1,0 +1,57 @@
+import json
+
+import pytest
+import torch
+
+from actzip_bench.ffn import FFNBenchConfig, build_stack, make_input, measured_density, run_ffn
+from actzip_bench.cli import main
+from actzip.errors import ConfigError
+
+
+@pytest.mark.parametrize("density,expected", [("mid", 0.5), ("low", 0.2)])
+def test_density_settings(density, expected):
+    cfg = FFNBenchConfig(d=256, rows=256, n_blocks=2, density=density, dtype="float32")
+    got = measured_density(build_stack(cfg, torch.device("cpu")), make_input(cfg, torch.device("cpu")))
+    assert abs(got - expected) < 0.03
+
+
+def test_run_ffn_every_strategy_exact():
+    cfg = FFNBenchConfig(d=64, rows=128, n_blocks=2, dtype="float32", rounds=2, warmup=1)
+    rec = run_ffn(cfg, torch.device("cpu"))
+    ran = [s for s in cfg.strategies if s not in rec["skipped"]]
+    assert [r["strategy"] for r in rec["runs"]] == ran and "fused" in ran
+    assert all("arena" in s for s in rec["skipped"])
+    for r in rec["runs"]:
+        assert r["max_grad_abs_diff"] == 0.0 and r["rounds"] == 2 and r["median_ms"] > 0
+    assert rec["machine"]["torch"] == torch.__version__
+
+
+def test_run_ffn_fp8_matmuls_exact_and_fused_keeps_no_fp8_copy():
+    from actzip.memory import Fp8Linear
+
+    cfg = FFNBenchConfig(d=64, rows=128, n_blocks=2, rounds=1, warmup=0, matmul="fp8",
+                         strategies=("none", "checkpoint", "cache", "fused"))
+    blocks = build_stack(cfg, torch.device("cpu"))
+    assert all(isinstance(b.up, Fp8Linear) and isinstance(b.down, Fp8Linear) for b in blocks)
+    rec = run_ffn(cfg, torch.device("cpu"))
+    assert rec["config"]["matmul"] == "fp8"
+    for r in rec["runs"]:  # the fused MLP and the cache change no bit of the fp8 model's gradients
+        assert r["max_grad_abs_diff"] == 0.0
+
+
+def test_cli_bench_ffn_json(tmp_path):
+    out = tmp_path / "ffn.json"
+    rc = main(["bench", "ffn", "--d", "32", "--rows", "64", "--n-blocks", "1", "--dtype", "float32", "--rounds", "1",
+               "--warmup", "0", "--strategies", "none,fused", "--device", "cpu", "--json", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["command"].startswith("actzip bench ffn") and len(rec["runs"]) == 2
+
+
+def test_bad_options():
+    with pytest.raises(ConfigError, match="density"):
+        FFNBenchConfig(density="high")
+    with pytest.raises(ConfigError, match="matmul"):
+        FFNBenchConfig(matmul="int8")
+    with pytest.raises(ConfigError, match="unknown strategies"):
+        FFNBenchConfig(strategies=("none", "magic"))

@@ -1,0 +1,48 @@
+import json
+
+from actzip_bench.cli import main
+
+
+def test_presets_bench_cli(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    out = tmp_path / "presets.json"
+    rc = main(["bench", "presets", "--steps", "3", "--batch-size", "2", "--presets", "lossless,balanced",
+               "--device", "cpu", "--json", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    runs = {r["preset"]: r for r in rec["runs"]}
+    assert runs["lossless"]["val_loss_gap"] == 0.0
+    assert runs["lossless"]["saved_bytes_per_token"] == runs["lossless"]["dense_bytes_per_token"]  # gelu: no zeros
+    assert runs["balanced"]["saved_bytes_per_token"] < 0.8 * runs["lossless"]["saved_bytes_per_token"]
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_presets_bench_on_a_llama_model(tmp_path, monkeypatch):
+    """swiglu: a HuggingFace Llama built from a local config; every float activation 4-bit under 4bit."""
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    out = tmp_path / "presets.json"
+    rc = main(["bench", "presets", "--activation", "swiglu", "--steps", "3", "--batch-size", "2", "--presets",
+               "lossless,4bit", "--device", "cpu", "--json", str(out)])
+    assert rc == 0
+    runs = {r["preset"]: r for r in json.loads(out.read_text())["runs"]}
+    # float32 activations at 4 bits + 64 bits per group of 128 (7.1x smaller), but the loss head's
+    # log-probabilities (256 float32 per token at this size) are kept
+    assert runs["4bit"]["saved_bytes_per_token"] < runs["lossless"]["saved_bytes_per_token"] / 4.5
+    assert abs(runs["4bit"]["val_loss_gap"]) < 0.05
+
+
+def test_sketch_run_keeps_less_and_puts_the_plain_layers_back(tmp_path, monkeypatch):
+    import torch
+
+    from actzip_bench.presets import PresetBenchConfig, run_presets
+
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    cfg = PresetBenchConfig(presets=("lossless", "sketch-d8", "lossless"), steps=3, batch_size=2, corpus_bytes=200_000,
+                            log_every=1)
+    runs = run_presets(cfg, torch.device("cpu"))["runs"]
+    assert [r["preset"] for r in runs] == ["lossless", "sketch-d8", "lossless"]
+    # linear inputs kept as rank-d/8 sketches: less saved, a different (unbiased, noisy) weight gradient
+    assert runs[1]["saved_bytes_per_token"] < 0.85 * runs[0]["saved_bytes_per_token"]
+    assert runs[1]["train_loss"] != runs[0]["train_loss"]
+    # the plain layers are back afterwards: the same run again gives the same losses
+    assert runs[2]["train_loss"] == runs[0]["train_loss"]
