@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import torch  # noqa: E402
 
 from actzip.codecs.quant import QuantCodec  # noqa: E402
-from actzip.kernels import quant_triton  # noqa: E402
-from actzip.memory import ActivationCache, RoleTracker, preset_rules  # noqa: E402
+from actzip.kernels import quant as quant_kernels  # noqa: E402
+from actzip.memory.cache import CacheContext, RoleTracker, preset_rules  # noqa: E402
 from actzip_bench.models import GPT, GPTConfig  # noqa: E402
 
 
@@ -30,22 +30,22 @@ class _NoLaunch:
 
 
 def main() -> None:
-    quant_triton.quant_encode_kernel = _NoLaunch()
-    quant_triton.quant_decode_kernel = _NoLaunch()
+    quant_kernels.quant_encode_kernel = _NoLaunch()
+    quant_kernels.quant_decode_kernel = _NoLaunch()
     QuantCodec.uses_triton = lambda self, *args: True
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = GPT(GPTConfig.preset("tiny", activation="gelu", n_layer=4))
     idx = torch.randint(0, 256, (1, 17))
     x, y = idx[:, :-1], idx[:, 1:]
-    four = ActivationCache(rules=preset_rules("4bit", min_bytes=0))
-    count = ActivationCache.count_only()
+    four = CacheContext(rules=preset_rules("4bit", min_bytes=0))
+    count = CacheContext.count_only()
     variants = {
         "plain": lambda: [],
         "tracker": lambda: [RoleTracker()],
         "count": lambda: [count],
         "tracker+count": lambda: [RoleTracker(), count],
-        "tracker+4bit": lambda: [RoleTracker(), four],
+        "tracker+4bit": lambda: [four],  # the 4bit rules ask for roles: the cache runs its own tracker
     }
 
     def forward(make) -> None:
@@ -65,7 +65,7 @@ def main() -> None:
             for _ in range(30):
                 forward(make)
             times[k].append((time.perf_counter() - t0) / 30 * 1e3)
-    with RoleTracker(), four:
+    with four:
         model(x, y)
     saves = four.save_index + 1
     four.history.clear()

@@ -25,7 +25,7 @@ out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
 mkdir -p "$out"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-az() { python3 -m actzip "$@"; }
+az() { python3 -m actzip_bench "$@"; }  # the actzip command
 # the 124M GPT in 2 stages for 300 steps, as the learning-rate sweeps run it
 wire300=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 --microbatches 8
          --steps 300 --target-steps 1 --matmul-precision high --bandwidths 200)

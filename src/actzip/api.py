@@ -250,7 +250,8 @@ def compress_(model: nn.Module, config: Config, *, filter_fn: FilterFn | None = 
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"compress_: model must be an nn.Module, got {type(model).__name__}")
-    handler = _HANDLERS.get(type(config))
+    # A subclass of a config (an old name kept as an alias) is applied by its base's handler.
+    handler = next((_HANDLERS[t] for t in type(config).__mro__ if t in _HANDLERS), None)
     if handler is None:
         known = ", ".join(sorted(t.__name__ for t in _HANDLERS)) or "(none registered)"
         raise UnknownConfigError(f"compress_: no handler for config type {type(config).__name__}; known: {known}")

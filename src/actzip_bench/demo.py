@@ -27,7 +27,7 @@ import torch
 
 from actzip.errors import ConfigError
 from actzip_bench.data import Corpus
-from actzip.memory import ActivationCache
+from actzip.memory.cache import CacheContext as ActivationCache
 from actzip_bench.models import GPT, GPTConfig
 
 STRATEGIES = ("none", "checkpoint", "sparse")

@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from actzip.core import registry
 from actzip.errors import ConfigError
-from actzip.memory import ActivationCache, Fp8Linear, SparseReLUMLP
+from actzip.memory import CacheContext as ActivationCache, Fp8Linear, SparseReLUMLP
 
 INPUT_MEAN = 0.5  # the benchmark input is randn + INPUT_MEAN
 # "low" density: up's weights shifted by -LOW_DENSITY_SHIFT / sqrt(d) * std. The pre-activations then move
@@ -134,7 +134,7 @@ def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> t
 
     Arena strategies are primed here: one untimed step measures the payload bytes, then the arena is sized.
     """
-    from actzip.memory.arena import Arena
+    from actzip.memory.modules.arena import Arena
 
     fused = {
         "fused": (registry.get("sparse", kernel=cfg.kernel), None),

@@ -66,7 +66,7 @@ def _codec(cfg: GPTBenchConfig, sign_pack: bool):
 
 def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
     from actzip_bench.harness import machine_record, run_interleaved, runnable_strategies
-    from actzip.memory.arena import Arena
+    from actzip.memory.modules.arena import Arena
 
     cfg, skipped = runnable_strategies(cfg, device)
 

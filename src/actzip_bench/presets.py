@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from actzip_bench.data import Corpus
-from actzip.memory import ActivationCache, RoleTracker, preset_rules
-from actzip.memory.rules import count_only_rules
+from actzip.memory.cache import CacheContext as ActivationCache, RoleTracker, preset_rules
+from actzip.memory.cache.rules import count_only_rules
 from actzip_bench.models import GPT, GPTConfig
 
 SKETCH = "sketch-d8"  # the unbiased rank-d/8 sketch of every linear input but the head's
@@ -61,7 +61,8 @@ def _build(cfg: PresetBenchConfig, device: torch.device):
         GPTConfig.preset(cfg.model, activation=cfg.activation)
     torch.manual_seed(0)
     if cfg.activation == "swiglu":
-        from actzip_bench.cache import CacheBenchConfig, _adamw, build_model
+        from actzip_bench.cache_config import CacheBenchConfig
+        from actzip_bench.cache_models import adamw as _adamw, build_model
 
         ccfg = CacheBenchConfig(models=("llama-swiglu",), gpt_preset=cfg.model, seq_len=gcfg.block_size,
                                 vocab_size=256, loss_chunk=0, dtype="float32")
@@ -72,7 +73,7 @@ def _build(cfg: PresetBenchConfig, device: torch.device):
 
 
 def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> dict:
-    from actzip_bench.cache import sketch_modules, use_modules
+    from actzip_bench.cache_strategies import sketch_modules, use_modules
     from actzip_bench.harness import machine_record
 
     corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)

@@ -1,8 +1,8 @@
 """Convergence of the stage-boundary compressors, in one process.
 
-The reference GPT is split into pipeline stages (:func:`actzip.wire.stages.build_stages`) and trained from
-the same initial weights on the same batches of the embedded corpus once per run (a compressor at a forward
-compression ratio), the stages chained by :func:`actzip.wire.stages.run_chain`, which meters the bytes every
+The reference GPT is split into pipeline stages (:func:`actzip_bench.models.gpt_stages.build_gpt_stages`) and
+trained from the same initial weights on the same batches of the embedded corpus once per run (a boundary at a
+forward compression ratio), the stages chained by :func:`actzip.wire.run_chain`, which meters the bytes every
 boundary sends each way (headers, side channels and codebook updates included). Recorded per run: the
 training loss, its mean over the last ``steps / 20`` steps at ``steps`` (the loss "at equal tokens"; the
 runs see less than one epoch, so these batches are new to the model), the validation loss at ``steps``
@@ -34,8 +34,10 @@ import torch.nn.functional as F
 
 from actzip.errors import ConfigError
 from actzip_bench.data import Corpus
+from actzip_bench.harness import machine_record
 from actzip_bench.models import GPTConfig
-from actzip.wire.stages import WireMeter, build_stages, exchange_backward, run_chain
+from actzip.wire import WireMeter, exchange_backward, run_chain
+from actzip_bench.models.gpt_stages import build_gpt_stages
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -138,7 +140,7 @@ def train_run(spec: str, cfg: WireStudyConfig, corpus: Corpus, target: float | N
     """Train one run; returns its record. ``target``: the dense run's final smoothed training loss."""
     name, ratio, options = parse_run(spec)
     gcfg = _gpt_config(cfg)
-    stages = build_stages(gcfg, cfg.n_stages, name, ratio, seed=cfg.seed, **options)
+    stages = build_gpt_stages(gcfg, cfg.n_stages, name, ratio=ratio, seed=cfg.seed, **options)
     params = [p for s in stages for p in s.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
@@ -205,8 +207,6 @@ def _time_to_target(run: dict, target: float, tokens: int, cfg: WireStudyConfig,
 
 
 def run_study(cfg: WireStudyConfig, progress=None) -> dict:
-    from actzip_bench.harness import machine_record
-
     torch.set_num_threads(cfg.threads)
     corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
     runs, target = [], None

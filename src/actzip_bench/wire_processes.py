@@ -7,17 +7,30 @@ for a run in one process, plus measured wall-clock step ends and, through a real
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 from dataclasses import asdict
 
 import torch
+import torch.distributed as dist
 
-from actzip_bench.wire import (Batches, WireBenchConfig, build_stages_for, codec_specs, parse_entry,
-                               pipeline_config)
-from actzip.errors import ConfigError
+from actzip.errors import ActzipError, ConfigError
+from actzip.wire import Action, LinkSpec, NetnsLink, Pipeline
 from actzip_bench.data import Corpus
-from actzip.wire.link import Action, LinkSpec, NetnsLink
+from actzip_bench.wire_config import (
+    Batches,
+    WireBenchConfig,
+    build_stages_for,
+    codec_specs,
+    parse_entry,
+    pipeline_config,
+)
 
 
 def _worker_command(cfg: WireBenchConfig, entry: str, device: torch.device, out: str,
@@ -33,11 +46,6 @@ def train_entry_processes(cfg: WireBenchConfig, entry: str, device: torch.device
     :func:`train_entry` does): under torchrun (``link=None``: the processes talk over loopback TCP with gloo, or
     NCCL between GPUs), or in two network namespaces joined by a ``link``-shaped veth pair.
     Returns what :func:`train_entry` does, plus measured wall-clock step ends (and interface counters)."""
-    import os
-    import subprocess
-    import sys
-    import tempfile
-
     name, ratio = parse_entry(entry)
     with tempfile.TemporaryDirectory(prefix="actzip-wire-") as tmp:
         out = os.path.join(tmp, "rank0.json")
@@ -96,8 +104,6 @@ def _failure_digest(text: str, limit: int = 3000) -> str:
 
 
 def _interface_counters() -> dict:
-    import os
-
     name = os.environ.get("ACTZIP_WIRE_IFNAME")
     if not name:
         return {}
@@ -107,15 +113,6 @@ def _interface_counters() -> dict:
 
 def worker_main(argv: list[str] | None = None) -> int:
     """One stage process (rank = stage), started by torchrun or by the netns harness; rank 0 writes ``--out``."""
-    import argparse
-    import datetime
-    import sys
-
-    import torch.distributed as dist
-
-    from actzip.errors import ActzipError
-    from actzip.wire.pipeline import run_stage
-
     p = argparse.ArgumentParser(prog="python -m actzip_bench.wire_processes", description=worker_main.__doc__)
     p.add_argument("--entry", required=True)
     p.add_argument("--config", required=True, help="WireBenchConfig fields as JSON")
@@ -137,7 +134,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         if dist.get_world_size() != cfg.stages:
             raise ConfigError(f"bench wire worker: {dist.get_world_size()} processes for {cfg.stages} stages")
         if device.type == "cuda":
-            device = torch.device("cuda", int(__import__("os").environ.get("LOCAL_RANK", 0)))
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(device)
         name, ratio = parse_entry(args.entry)
         module = build_stages_for(cfg.gpt_config(), cfg.stages, name, ratio, cfg.seed,
@@ -147,8 +144,9 @@ def worker_main(argv: list[str] | None = None) -> int:
         window = max(1, round(cfg.smooth * cfg.steps))
         until = None if args.target is None else (
             lambda losses: statistics.fmean(losses[-window:]) <= args.target)
-        res = run_stage(module, pipeline_config(cfg, args.entry), batches, cfg.steps, device=device,
-                        probe=_interface_counters, until=until, max_steps=round(cfg.target_steps * cfg.steps))
+        pipe = Pipeline(module, pipeline_config(cfg, args.entry), device, distributed=True)
+        res = pipe.run(batches, cfg.steps, probe=_interface_counters, until=until,
+                       max_steps=round(cfg.target_steps * cfg.steps))
     except ActzipError as e:
         print(f"actzip: error: rank {rank}: {e}", file=sys.stderr)
         return 2
@@ -161,6 +159,4 @@ def worker_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(worker_main())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from actzip.wire.stages import COMPRESSORS, parse_boundary_options
+from actzip.wire import BOUNDARIES
+from actzip.wire.boundaries import parse_boundary_options
+from actzip_bench.wire import first_reach
 
-STAGE_COMPRESSORS = tuple(c for c in COMPRESSORS if c != "dense")  # built into the stages, not byte codecs
+STAGE_BOUNDARIES = tuple(c for c in BOUNDARIES if c != "dense")  # built into the stages, not byte codecs
 
 
 def plot(record: dict, path) -> None:
@@ -89,7 +91,7 @@ def _sweep_rows(records: list[dict]):
                 name += f" (stage rates x{', x'.join(f'{f:g}' for f in scale)})"
             if options and r["compressor"] != "dense":  # boundary options (e.g. tie=true): a row of their own too
                 name += f" [{options}]"
-            if r.get("fwd_codec", "none") != "none" and r["compressor"] in STAGE_COMPRESSORS:  # a coded code
+            if r.get("fwd_codec", "none") != "none" and r["compressor"] in STAGE_BOUNDARIES:  # a coded code
                 name += f" + {r['fwd_codec']}"
             if r["compressor"] == "dense":
                 dense_rows.add(name)
@@ -167,8 +169,6 @@ def steps_to_loss(curve: dict, target: float, window: float = 0.1) -> int | None
     loss is taken) reaches ``target``, by the benchmark's own rule (:func:`actzip_bench.wire.first_reach`); None if
     it never does. Recorded curves keep every few steps, so this is the step of the first recorded point past the
     crossing."""
-    from actzip_bench.wire import first_reach
-
     hit = first_reach(curve["loss"], max(1, round(window * len(curve["loss"]))), target)
     return None if hit is None else (hit + 1) * curve["every"]
 

@@ -46,3 +46,47 @@ def test_report_renders_the_quant_kernels_json(tmp_path):
     text = build(tmp_path)
     assert "| bfloat16 | quant4-sr | 3.56 | True | 0.100 | 80% | 0.200 | 40% | 27x / 1x |" in text
     assert "| quant4-sr | 2048, 1, 32 | 82% | 84% | True |" in text and "4.00 TB/s" in text
+
+
+def _demo_tree(root):
+    """The smallest project tree the report reads: one demo JSON under results/, an empty docs/."""
+    run = {"strategy": "none", "saved_bytes_per_token": 100.0, "peak_bytes": None, "step_time_s": 0.01,
+           "final_loss": 2.5, "max_grad_abs_diff": 0.0}
+    doc = {"device": "cpu", "host": {"cpu": "x86", "cores": 2}, "date": "2026-01-01", "torch": "2.11",
+           "dtype": "float32", "model": {"preset": "tiny", "activation": "relu2", "params": 1_000_000},
+           "tokens_per_step": 64, "steps": 2, "command": "actzip demo", "runs": [run]}
+    (root / "results" / "demo").mkdir(parents=True)
+    (root / "results" / "demo" / "cpu.json").write_text(json.dumps(doc))
+    (root / "docs").mkdir()
+    return root
+
+
+def test_report_finds_the_project_root_from_a_subfolder(tmp_path, monkeypatch, capsys):
+    root = _demo_tree(tmp_path / "project")
+    monkeypatch.chdir(root / "results" / "demo")
+    assert main(["report"]) == 0
+    assert (root / "docs" / "RESULTS.md").read_text() == build(root)
+    assert str(root / "docs" / "RESULTS.md") in capsys.readouterr().out
+
+
+def test_report_outside_a_project_says_what_it_looked_for(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["report"]) == 2
+    err = capsys.readouterr().err
+    assert "results/ and docs/" in err and str(tmp_path) in err and "--root" in err
+    assert not (tmp_path / "docs").exists()
+    (tmp_path / "results").mkdir()  # --root must hold both folders
+    assert main(["report", "--root", str(tmp_path)]) == 2
+    assert "has no docs/" in capsys.readouterr().err
+
+
+def test_report_of_the_real_tree_from_anywhere(tmp_path, monkeypatch):
+    """The repository's own results, from an unrelated directory, to a temp file: docs/RESULTS.md is what the
+    report makes of results/ (it is never edited by hand)."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "RESULTS.md"
+    assert main(["report", "--root", str(repo), "--out", str(out)]) == 0
+    assert out.read_text() == (repo / "docs" / "RESULTS.md").read_text()

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actzip
-from actzip.codecs.sparse import SparseCodec, entropy_bound, memory_order, memory_rows
+from actzip.codecs.sparse import SparseCodec, entropy_bound
+from actzip.core import layout
 from actzip.core.dtypes import FLOAT_DTYPES, bit_view_dtype
 from actzip.errors import (
     ConfigError,
@@ -153,25 +154,6 @@ def test_dense_layouts_keep_their_strides(layout):
     y = SparseCodec().decode(SparseCodec().encode(x))
     assert y.stride() == x.stride()
     assert_bit_equal(y, x)
-
-
-def test_memory_order_makes_no_copy_for_dense_layouts():
-    x = torch.randn(3, 4, 5).permute(2, 0, 1)
-    flat, perm = memory_order(x)
-    assert flat.data_ptr() == x.data_ptr() and perm is not None
-
-
-def test_memory_rows_stand_for_the_copy_of_a_gapped_view():
-    qkv = torch.randn(2, 5, 3 * 32)  # (batch, tokens, 3 d): q, k, v with 2 heads of 16, heads first
-    q = qkv[..., 32:64].view(2, 5, 2, 16).transpose(1, 2)
-    for view, length in ((q, 32), (qkv[:, :, :64], 64), (qkv[1, :, 8:16], 8)):
-        rows, perm = memory_rows(view, 8)
-        flat, perm_copy = memory_order(view)
-        assert perm == perm_copy and rows.shape[1] == length and rows.data_ptr() == view.data_ptr()
-        assert torch.equal(rows.reshape(-1), flat)
-    assert memory_rows(q, 64) is None  # rows of 32: not whole groups of 64
-    assert memory_rows(qkv, 8) is None and memory_rows(qkv.transpose(0, 1), 8) is None  # dense: no rows needed
-    assert memory_rows(qkv[:, :3, :32], 8) is None and memory_rows(qkv[::2, :, ::2], 8) is None  # uneven gaps
 
 
 def test_format_sizes():
@@ -436,3 +418,18 @@ def test_auto_falls_back_on_cuda_without_triton_warning_once(monkeypatch):
     runtime.reset_fallbacks()
     assert runtime.fallback_counts() == {}
     assert actzip.codecs.get("sparse", kernel="torch").uses_triton(cuda, torch.bfloat16, 4096, False) is False
+
+
+@pytest.mark.parametrize("name", ["memory_order", "memory_rows", "restore_order"])
+def test_memory_order_helpers_still_import_from_here_with_a_warning(name):
+    from actzip import compat
+    from actzip.codecs import sparse
+
+    compat.warned.discard(f"actzip.codecs.sparse.{name}")
+    with pytest.warns(FutureWarning, match=rf"actzip.codecs.sparse.{name} is deprecated.*actzip.core.layout.{name}"):
+        assert getattr(sparse, name) is getattr(layout, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        assert getattr(sparse, name) is getattr(layout, name)
+    with pytest.raises(AttributeError, match="has no attribute 'memory_orders'"):
+        sparse.memory_orders

@@ -48,7 +48,7 @@ ENCODE_SIG = {"src_ptr": "*bf16", "act_ptr": "*bf16", "mask_ptr": "*u8", "tile_o
 
 
 def check_single_pass_encoder_compiles(relu, act, arena, row):
-    from actzip.kernels import sparse_encode_triton as se
+    from actzip.kernels import sparse_encode as se
 
     sig = dict(ENCODE_SIG, src_ptr="*bf16" if relu else "*i16")
     consts = dict(T=4096, ELEM_BYTES=2, BITS_DTYPE=tl.int16, RELU=relu, ACT_OUT=act, ARENA=arena, ROW=row)
@@ -63,8 +63,8 @@ COMPACT_SIG = {"bits_ptr": "*i16", "tile_offsets_ptr": "*i32", "values_ptr": "*i
 
 
 def check_two_pass_and_decode_kernels_compile(sign_pack):
-    from actzip.kernels import sparse_signpack_triton as sp
-    from actzip.kernels import sparse_triton as st
+    from actzip.kernels import sparse_signpack as sp
+    from actzip.kernels import sparse as st
 
     width = 15 if sign_pack else 16
     for relu in (False, True):
@@ -87,7 +87,7 @@ def check_compact_stores_stay_scalar():
     # per-element store mask must keep every value store scalar (each element through its own address).
     import re
 
-    from actzip.kernels import sparse_triton as st
+    from actzip.kernels import sparse as st
 
     for bits, vec in (("i16", 8), ("u8", 16), ("i32", 4)):
         sig = dict(COMPACT_SIG, bits_ptr=f"*{bits}", values_ptr=f"*{bits}", act_ptr=f"*{bits}")
@@ -101,7 +101,7 @@ def check_compact_stores_stay_scalar():
 
 
 def check_relu_mlp_kernels_compile():
-    from actzip.kernels import relu_mlp_triton as rt
+    from actzip.kernels import relu_mlp as rt
 
     payload = {"mask_ptr": "*u8", "tile_offsets_ptr": "*i32", "values_ptr": "*i16", "values_base_ptr": "*i64"}
     consts = dict(T=4096, WIDTH=16, SIGN_PACK=False, BITS_DTYPE=tl.int16, FLOAT_DTYPE=tl.bfloat16, SQUARE=True)
@@ -111,10 +111,11 @@ def check_relu_mlp_kernels_compile():
 
 def check_quant_kernels_compile():
     # bfloat16 in and out, packed 4-bit and 8-bit codes, both roundings: the GPU-only paths (HW) included
-    from actzip.kernels import quant_triton as qt
+    from actzip.kernels import quant as qt
+    from actzip.kernels import quant_tiles as tiles
 
     for bits, stochastic, rows in ((4, True, False), (8, False, False), (4, False, True)):
-        geo = qt.geometry(128, 2, bits)
+        geo = tiles.geometry(128, 2, bits)
         geo.pop("num_warps")
         word = {8: "*u8", 16: "*i16", 32: "*i32", 64: "*i64"}[geo["K"] * bits] if bits < 8 else "*u8"
         top = (1 << bits) - 1

@@ -32,3 +32,11 @@ def test_unavailable_reason(monkeypatch, device, loaded_interpreted, env, expect
 def test_missing_triton_is_named(monkeypatch):
     monkeypatch.setattr(runtime, "triton_import_error", lambda: "ImportError: no module named triton")
     assert "pip install 'actzip[triton]'" in runtime.unavailable_reason("cuda")
+
+
+def test_missing_triton_names_the_extra():
+    from actzip.errors import MissingDependencyError
+
+    err = runtime.missing_triton(ModuleNotFoundError("No module named 'triton'"))
+    assert isinstance(err, MissingDependencyError) and isinstance(err, ImportError)
+    assert "No module named 'triton'" in str(err) and "pip install 'actzip[triton]'" in str(err)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from actzip.errors import ConfigError
-from actzip.wire.codecs import BoundaryCodec
+from actzip.wire.codecs import WireCodec
 from actzip.wire.delta import DeltaCodec
 from actzip.wire.transport import WireDesyncError
 
@@ -82,9 +82,9 @@ def test_bad_ids_are_named():
 
 
 def test_boundary_codec_uses_it_forward_only():
-    fwd = BoundaryCodec("delta:bits=2", direction="fwd")
+    fwd = WireCodec("delta:bits=2", direction="fwd")
     assert fwd.needs_ids and fwd.describe()["codec"] == "delta"
     with pytest.raises(ConfigError, match="bwd codec 'delta' is not possible"):
-        BoundaryCodec("delta", direction="bwd")
+        WireCodec("delta", direction="bwd")
     with pytest.raises(ConfigError, match="delta"):
-        BoundaryCodec("delta:bitz=2", direction="fwd")
+        WireCodec("delta:bitz=2", direction="fwd")

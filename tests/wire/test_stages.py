@@ -1,199 +1,113 @@
+"""Stages around any user's modules: the token-id side channel, boundary ends, chaining, named errors."""
+
 import pytest
 import torch
-import torch.nn.functional as F
+from torch import nn
 
-from actzip.codecs.rvq import CodebookDesyncError, codebook_checksum
-from actzip.errors import ConfigError
-from actzip_bench.data import Corpus
-from actzip_bench.models import GPT, GPTConfig
-from actzip.wire.stages import (
-    COMPRESSORS,
+from actzip.errors import ConfigError, WireConfigMismatchError
+from actzip.wire import (
+    Pipeline,
+    PipelineConfig,
+    Stage,
     WireMeter,
     boundary_config,
-    build_stages,
+    confine_to_subspace,
+    exchange_backward,
+    make_boundary,
     run_chain,
 )
-from actzip.wire.stiefel import orthonormality_error
-
-TINY = GPTConfig.preset("tiny")
-
+from actzip.wire.boundaries import SubspaceEmbedding
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see tests/conftest.py
 
-
-@pytest.fixture(scope="module")
-def corpus():
-    return Corpus.from_stdlib(max_bytes=400_000)
+D, V, T = 16, 32, 8
 
 
-def _idx(b=2, t=16):
-    return torch.randint(0, 256, (b, t))
+class Mix(nn.Module):
+    """A user block that writes into its residual stream through one projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(D, 2 * D)
+        self.out = nn.Linear(2 * D, D)
+
+    def forward(self, x):
+        return x + self.out(torch.relu(self.inner(x)))
 
 
-@pytest.mark.parametrize(
-    "cfg,n_stages",
-    [(TINY, 1), (TINY, 2), (GPTConfig.preset("tiny", n_layer=5), 3), (GPTConfig.preset("tiny", bias=True), 2)],
-)
-def test_dense_stages_match_the_unsplit_model_bit_for_bit(cfg, n_stages):
-    state = torch.get_rng_state()
-    stages = build_stages(cfg, n_stages, "dense", seed=7)
-    assert torch.equal(state, torch.get_rng_state())  # the caller's RNG is untouched
-    assert len(stages) == n_stages
-    assert sum(len(s.blocks) for s in stages) == cfg.n_layer
-    torch.manual_seed(7)
-    model = GPT(cfg)
-    idx = _idx()
-    logits = run_chain(stages, idx)
-    assert torch.equal(logits, model(idx)[0])
-    logits.sum().backward()
-    model(idx)[0].sum().backward()
-    # Every block's gradients are bit-identical too (the messages' gradients pass the links unchanged).
-    for i, block in enumerate(model.h):
-        mine = [b for s in stages for b in s.blocks][i]
-        for (name, p), q in zip(block.named_parameters(), mine.parameters()):
-            assert torch.equal(p.grad, q.grad), name
+def _ids(b=2):
+    return torch.randint(0, V, (b, T))
 
 
-def test_a_tied_head_becomes_an_equal_copy_owned_by_the_last_stage():
-    stages = build_stages(TINY, 2, "dense")
-    wte, head = stages[0].embed.wte.weight, stages[-1].lm_head.weight
-    assert wte is not head and torch.equal(wte, head)
+def test_token_ids_travel_from_the_first_stage_input_to_every_sender():
+    cfg = boundary_config("stiefel:4,anchor_rank=4", n_embd=D, vocab_size=V, block_size=T)
+    (s0, r0), (s1, r1) = make_boundary(cfg), make_boundary(cfg)
+    seen = []
+    s1.register_forward_hook(lambda m, args, out: seen.append(args[1]))
+    stages = [Stage(nn.Embedding(V, D), sender=s0, input_ids=True), Stage(Mix(), receiver=r0, sender=s1),
+              Stage(nn.Linear(D, V), receiver=r1)]
+    idx = _ids()
+    out = run_chain(stages, idx)
+    assert out.shape == (2, T, V) and torch.equal(seen[0], idx)  # rebuilt by the middle stage's receiver
+    with pytest.raises(ConfigError, match="token ids"):  # without input_ids the first sender has none
+        run_chain([Stage(nn.Embedding(V, D), sender=s0), stages[1], stages[2]], idx)
 
 
-def _train(stages, corpus, steps, lr=3e-3, batch=8):
-    params = [p for s in stages for p in s.parameters()]
-    opt = torch.optim.AdamW(params, lr=lr)
-    g = torch.Generator().manual_seed(0)
-    losses = []
-    for _ in range(steps):
-        x, y = corpus.get_batch("train", batch, 32, generator=g)
-        loss = F.cross_entropy(run_chain(stages, x).flatten(0, 1), y.flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        for s in stages:
-            s.after_optimizer_step()
-        losses.append(float(loss.detach()))
-    return losses
-
-
-@pytest.mark.parametrize("compressor", COMPRESSORS)
-def test_every_compressor_trains(compressor, corpus):
-    stages = build_stages(TINY, 2, compressor, ratio=1 if compressor == "dense" else 32)
-    losses = _train(stages, corpus, 30)
-    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-    assert last < first - 0.5, (compressor, losses)
-
-
-def test_subspace_boundary_lies_in_span_u_and_is_rebuilt(corpus):
-    cfg = GPTConfig.preset("tiny", n_layer=3)
-    stages = build_stages(cfg, 3, "subspace", ratio=32)
-    _train(stages, corpus, 5)  # trained weights, not only the initial ones
-    seen = {}
-    sender = stages[1].sender
-    sender.register_forward_hook(lambda m, args, out: seen.update(x=args[0], ids=args[1]))
-    receiver = stages[2].receiver
-    receiver.register_forward_hook(lambda m, args, out: seen.update(rebuilt=out[0]))
+def test_a_user_model_confined_to_a_subspace_crosses_the_boundary_exactly():
+    cfg = boundary_config("subspace:8", n_embd=D, vocab_size=V, block_size=T)
+    sender, receiver = make_boundary(cfg)
+    embed = SubspaceEmbedding(cfg)
+    body = nn.Sequential(embed, Mix())
+    confine_to_subspace(body, embed.U, ["1.out"])
+    got = {}
+    receiver.register_forward_hook(lambda m, args, out: got.update(rebuilt=out[0]))
+    stages = [Stage(body, sender=sender, input_ids=True), Stage(nn.Linear(D, V), receiver=receiver)]
+    idx = _ids()
     with torch.no_grad():
-        run_chain(stages, _idx(4, 32))
-    U = sender.basis.U
-    r = seen["x"] - sender.basis.fixed(seen["ids"])
-    assert (r - (r @ U) @ U.t()).norm() <= 1e-5 * r.norm()
-    assert torch.allclose(seen["rebuilt"], seen["x"], atol=1e-5)
-    # The last stage's blocks are free (no boundary follows them), the others confined.
-    assert type(stages[2].blocks[0].attn.c_proj).__name__ == "Linear"
-    assert type(stages[1].blocks[0].mlp.c_proj).__name__ == "SubspaceLinear"
+        run_chain(stages, idx)
+        torch.testing.assert_close(got["rebuilt"], body(idx), rtol=0, atol=1e-5)
 
 
-def test_backward_bytes_are_the_code_size():
-    stages = build_stages(TINY, 2, "bottleneck", ratio=16)
+def test_chained_user_stages_train_and_meter_the_code_only():
+    sender, receiver = make_boundary(boundary_config("bottleneck:4", n_embd=D))
+    stages = [Stage(nn.Sequential(nn.Embedding(V, D), Mix()), sender=sender), Stage(nn.Linear(D, V),
+                                                                                     receiver=receiver)]
+    opt = [s.configure_optimizer(lr=1e-2) for s in stages]
     meter = WireMeter()
-    idx = _idx(2, 16)
-    run_chain(stages, idx, meter).sum().backward()
-    width = stages[0].sender.cfg.width
-    assert meter.bwd_bytes == [2 * 16 * width * 4]
-    assert meter.fwd_bytes[0] == 2 * 16 * width * 4 + stages[0].sender.header.numel() * 4
+    losses = []
+    for _ in range(30):
+        idx = _ids(8)
+        loss = nn.functional.cross_entropy(run_chain(stages, idx, meter).flatten(0, 1), idx.flatten())
+        loss.backward()
+        exchange_backward(stages, meter)
+        for o, s in zip(opt, stages):
+            o.step()
+            o.zero_grad(set_to_none=True)
+            s.after_optimizer_step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.3
+    assert meter.bwd_bytes == [30 * 8 * T * 4 * 4]  # float32 gradients of the 4-wide code
+    assert stages[0].boundary == stages[1].boundary == "bottleneck"
 
 
-def test_stiefel_projections_stay_orthonormal_and_move(corpus):
-    stages = build_stages(TINY, 2, "stiefel", ratio=16, lr=1e-2)
-    v0 = stages[0].sender.V.detach().clone()
-    _train(stages, corpus, 25)
-    for v in (stages[0].sender.V, stages[1].receiver.V):
-        assert orthonormality_error(v) < 1e-5
-    assert (stages[0].sender.V - v0).abs().max() > 1e-3
+def test_stage_arguments_are_checked():
+    sender, receiver = make_boundary(boundary_config("bottleneck:4", n_embd=D))
+    with pytest.raises(ConfigError, match="sender must be a BoundarySender"):
+        Stage(nn.Identity(), sender=receiver)
+    with pytest.raises(ConfigError, match="input_ids=True is for a first stage"):
+        Stage(nn.Identity(), receiver=receiver, input_ids=True)
+    with pytest.raises(ConfigError, match="body must be an nn.Module"):
+        Stage(lambda x: x)
 
 
-def test_rvq_sends_indices_and_keeps_codebooks_in_sync(corpus):
-    stages = build_stages(TINY, 2, "stiefel-rvq", ratio=100, rvq_sync_every=1)
-    bcfg = stages[0].sender.cfg
-    _train(stages, corpus, 6)
-    sender_book, receiver_book = stages[0].sender.book, stages[1].receiver.book
-    run_chain(stages, _idx())  # carries the last update
-    assert sender_book.version > 0
-    assert torch.equal(sender_book.codebook, receiver_book.codebook)
-    msg = stages[0].wire_encode(stages[0](_idx(2, 16)))
-    assert "code" not in msg and msg["rvq_idx"].numel() == 2 * 16 * bcfg.rvq.levels
-
-
-def test_rvq_desync_is_an_error_and_resync_repairs_it(corpus):
-    stages = build_stages(TINY, 2, "stiefel-rvq", ratio=100, rvq_sync_every=1)
-    _train(stages, corpus, 3)
-    run_chain(stages, _idx())
-    book = stages[1].receiver.book
-    with torch.no_grad():
-        book.codebook[0, 0] += 1.0  # a flipped row on the receiver
-    book.checksum = codebook_checksum(book.codebook)
-    with pytest.raises(CodebookDesyncError):
-        run_chain(stages, _idx())
-    stages[0].request_resync()
-    run_chain(stages, _idx())
-    assert torch.equal(book.codebook, stages[0].sender.book.codebook)
-
-    # A lost message that carried an update: the next message is refused.
-    _train(stages, corpus, 1)  # publishes an update
-    stages[0](_idx())  # the message carrying it is sent but never received
-    with pytest.raises(CodebookDesyncError, match="desync"):
-        run_chain(stages, _idx())
-    stages[0].request_resync()
-    _train(stages, corpus, 2)
-    run_chain(stages, _idx())  # carries the last update
-    assert torch.equal(book.codebook, stages[0].sender.book.codebook)
-
-
-def test_mismatched_stage_configs_raise():
-    a = build_stages(TINY, 2, "subspace", ratio=32, seed=0)
-    b = build_stages(TINY, 2, "subspace", ratio=32, seed=1)
-    c = build_stages(TINY, 2, "subspace", ratio=16, seed=0)
-    with pytest.raises(ConfigError, match="seed"):
-        run_chain([a[0], b[1]], _idx())
-    with pytest.raises(ConfigError, match="width"):
-        run_chain([a[0], c[1]], _idx())
-
-
-@pytest.mark.parametrize(
-    "kwargs,match",
-    [
-        ({"n_stages": 3}, "n_stages"),
-        ({"n_stages": 2, "compressor": "zip"}, "compressor"),
-        ({"n_stages": 1, "compressor": "subspace"}, "no boundary"),
-        ({"n_stages": 2, "compressor": "stiefel", "ratio": 16, "anchors": 4}, "anchors"),
-        ({"n_stages": 2, "compressor": "bottleneck", "ratio": 0.5}, "ratio"),
-        ({"n_stages": 2, "compressor": "stiefel", "ratio": 16, "rvq_levels": 2}, "stiefel-rvq"),
-        ({"n_stages": 2, "compressor": "stiefel-rvq", "ratio": 16, "rvq_level": 2}, "rvq_levels"),
-    ],
-)
-def test_build_stages_rejects_bad_arguments(kwargs, match):
-    with pytest.raises(ConfigError, match=match):
-        build_stages(TINY, **kwargs)
-
-
-def test_boundary_config_maps_ratio_to_width():
-    small = GPTConfig.preset("small")
-    assert boundary_config("subspace", small, 100).width == 2  # 10.24 bytes - 1 byte of ids
-    assert boundary_config("bottleneck", small, 16).width == 16
-    rvq = boundary_config("stiefel-rvq", small, 100).rvq
-    assert (rvq.dim, rvq.levels, rvq.codebook_size) == (16, 9, 256)
-    assert boundary_config("stiefel", small, 16, anchor_rank=0).width == 16
-    over = boundary_config("stiefel-rvq", small, 100, width=8, rvq_levels=4)
-    assert (over.width, over.rvq.dim, over.rvq.levels) == (8, 8, 4)
+def test_the_pipeline_checks_the_boundary_it_is_given_and_each_links_two_ends():
+    sender, receiver = make_boundary(boundary_config("bottleneck:4", n_embd=D))
+    stages = [Stage(nn.Sequential(nn.Embedding(V, D), Mix()), sender=sender), Stage(nn.Linear(D, V),
+                                                                                     receiver=receiver)]
+    with pytest.raises(ConfigError, match="stage 0 holds 'bottleneck' boundary ends"):
+        Pipeline(stages, PipelineConfig(boundary="stiefel:4"))
+    pipe = Pipeline(stages, PipelineConfig(microbatches=2, boundary="bottleneck:4", codec="quant:bits=8"))
+    assert pipe.train_step(_ids(4), _ids(4)) > 0
+    assert pipe.workers[0].fwd_send.describe()["codec"] == pipe.workers[0].bwd_recv.describe()["codec"] == "quant"
+    with pytest.raises(WireConfigMismatchError, match="boundary: rank 0 has 'bottleneck', rank 1 has 'dense'"):
+        Pipeline([stages[0], nn.Linear(D, V)], PipelineConfig(microbatches=2))

@@ -5,11 +5,11 @@
 >>> lossy = actzip.codecs.get("quant", bits=4, group_size=128)  # or get("fp8", format="e4m3")
 """
 
-from actzip.codecs import passthrough, quant, sketch, sparse  # noqa: F401  (registers the codecs)
-from actzip.codecs import mask  # noqa: F401  (registers the codec)
+from actzip.codecs import fp8, mask, passthrough, quant, sketch, sparse  # noqa: F401  (registers the codecs)
 from actzip.codecs.base import Codec
+from actzip.codecs.fp8 import FP8Codec
 from actzip.codecs.mask import MaskCodec
-from actzip.codecs.quant import FP8Codec, QuantCodec
+from actzip.codecs.quant import QuantCodec
 from actzip.codecs.sketch import SketchCodec, sketch_matrix
 from actzip.codecs.sparse import EntropyBound, SparseCodec, entropy_bound
 from actzip.core.payload import Payload

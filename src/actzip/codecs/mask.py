@@ -32,12 +32,13 @@ import torch
 
 from actzip.codecs.base import Codec
 from actzip.codecs.bitpack import pack_bool, unpack_bool
-from actzip.codecs.quant import LOSSY_DTYPES, _check_seed, _choices
 from actzip.codecs.sketch import derive_seed
-from actzip.codecs.sparse import memory_order, restore_order
-from actzip.errors import ConfigError, InvalidValueError, PayloadError
+from actzip.core.checks import check_choice, check_seed
+from actzip.core.dtypes import LOSSY_DTYPES, work_dtype
+from actzip.core.layout import memory_order, restore_order
 from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
+from actzip.errors import ConfigError, InvalidValueError, PayloadError
 
 MASK_MODES = ("random", "topk")
 
@@ -90,10 +91,10 @@ class MaskCodec(Codec):
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0.0 < keep <= 1.0:
             raise ConfigError(f"mask: option keep must be a fraction in (0, 1], got {keep!r}")
-        _choices("mask", "mode", mode, MASK_MODES)
+        check_choice("mask", "mode", mode, MASK_MODES)
         if rescale is not None and not isinstance(rescale, bool):
             raise ConfigError(f"mask: option rescale must be None, True or False, got {rescale!r}")
-        _check_seed("mask", seed)
+        check_seed("mask", seed)
         self.keep = float(keep)
         self.mode = mode
         self.rescale = (mode == "random") if rescale is None else rescale
@@ -161,8 +162,7 @@ class MaskCodec(Codec):
         else:
             pos = p.buffers["index"].long()
         if p.meta["rescale"] and k:
-            work = torch.float64 if p.dtype == torch.float64 else torch.float32
-            values = (values.to(work) * (n / k)).to(p.dtype)
+            values = (values.to(work_dtype(p.dtype)) * (n / k)).to(p.dtype)
         out = torch.zeros(n, dtype=p.dtype, device=p.device)
         out[pos] = values
         if "finite" in p.buffers:

@@ -25,10 +25,12 @@ import math
 import torch
 
 from actzip.codecs.base import Codec
-from actzip.codecs.quant import LOSSY_DTYPES, _choices, _check_seed, _work_dtype
-from actzip.errors import ConfigError, UnsupportedLayoutError
+from actzip.codecs.counter_rng import hash_uniform, stream_keys
+from actzip.core.checks import check_choice, check_seed
+from actzip.core.dtypes import LOSSY_DTYPES, work_dtype
 from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
+from actzip.errors import ConfigError, UnsupportedLayoutError
 
 SKETCH_KINDS = ("gaussian", "sign")
 _MASK64 = (1 << 64) - 1
@@ -42,7 +44,7 @@ def check_rank(owner: str, rank) -> None:
 
 def check_kind(owner: str, kind) -> None:
     """Raise :class:`ConfigError` unless ``kind`` is one of :data:`SKETCH_KINDS`."""
-    _choices(owner, "kind", kind, SKETCH_KINDS)
+    check_choice(owner, "kind", kind, SKETCH_KINDS)
 
 
 def derive_seed(base: int, index: int) -> int:
@@ -95,8 +97,6 @@ def sign_matrix(
     """
     # Integer hash of (seed, index) computed where S is needed: no host work, no transfer, and the same bits
     # on every device (the hash is integer arithmetic and the threshold test is exact).
-    from actzip.codecs.quant import hash_uniform, stream_keys
-
     index = torch.arange(d * k, dtype=torch.int64, device=device)
     u = hash_uniform(index, stream_keys(seed, 0))
     return (u < 0.5).to(dtype).mul_(2).sub_(1).view(d, k)
@@ -132,7 +132,7 @@ class SketchCodec(Codec):
 
     def __init__(self, *, rank: int, seed: int | None = 0, kind: str = "gaussian") -> None:
         check_rank("sketch", rank)
-        _check_seed("sketch", seed)
+        check_seed("sketch", seed)
         check_kind("sketch", kind)
         self.rank = rank
         self.seed = seed
@@ -154,7 +154,7 @@ class SketchCodec(Codec):
         seed = derive_seed(0 if self.seed is None else self.seed, self._count)
         self._count += 1
         d = x.shape[-1]
-        s = sketch_matrix(d, self.rank, seed, self.kind, x.device, _work_dtype(x.dtype))
+        s = sketch_matrix(d, self.rank, seed, self.kind, x.device, work_dtype(x.dtype))
         xs = sketch_apply(x, s).to(x.dtype)
         meta = {"seed": seed, "kind": self.kind, "rank": self.rank, "d": d}
         return Payload(self.name, x.shape, x.dtype, x.device, buffers={"xs": xs}, meta=meta)
@@ -162,7 +162,7 @@ class SketchCodec(Codec):
     def decode(self, payload: Payload) -> torch.Tensor:
         p = self._own(payload)
         m = p.meta
-        work = _work_dtype(p.dtype)
+        work = work_dtype(p.dtype)
         s = sketch_matrix(m["d"], m["rank"], m["seed"], m["kind"], p.device, work)
         y = torch.matmul(p.buffers["xs"].to(work), s.t())
         return y.to(p.dtype).reshape(p.shape)

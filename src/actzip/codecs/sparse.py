@@ -25,7 +25,7 @@ other layouts come back contiguous.
 
 Two implementations make the same payloads, buffer for buffer, and decode each other's (option ``kernel``):
 this module's pure-PyTorch one, the reference every faster kernel is tested against, and the Triton kernels of
-:mod:`actzip.kernels.sparse_triton`. Both move bits only, never arithmetic on values. The PyTorch encoder
+:mod:`actzip.kernels.sparse` (encoded through :func:`actzip.kernels.sparse_encode.encode`). Both move bits only, never arithmetic on values. The PyTorch encoder
 synchronizes with the host once, to size the values buffer (twice with sign packing: the word count, read
 together with the sign check, then the value count); the Triton encoder once (all counts in one read).
 """
@@ -37,14 +37,29 @@ from dataclasses import dataclass
 
 import torch
 
+from actzip import compat
 from actzip.codecs.base import Codec
 from actzip.codecs.bitpack import pack_bool, pack_tile_words, tile_words, unpack_bool, unpack_tile_words
+from actzip.codecs.kernel_choice import KERNELS, use_triton
+from actzip.core import layout
 from actzip.core.dtypes import FLOAT_DTYPES, bit_view_dtype, bit_width
-from actzip.errors import ConfigError, InvalidValueError
 from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
+from actzip.errors import ConfigError, InvalidValueError
 
 DEFAULT_TILE_SIZE = 4096  # elements per tile: a 64x64 tile, a 512-byte mask, as in the public BitSparse code
+
+# Names this module held before the memory-order helpers moved to actzip.core.layout: still importable from
+# here for one release, with a warning (so this module calls them through ``layout.``).
+_MOVED = {name: layout for name in ("memory_order", "memory_rows", "restore_order")}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        home = _MOVED[name]
+        compat.warn_once(f"{__name__}.{name}", f"{home.__name__}.{name}")
+        return getattr(home, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _sign_set(bits: torch.Tensor) -> torch.Tensor:
@@ -54,68 +69,6 @@ def _sign_set(bits: torch.Tensor) -> torch.Tensor:
     return bits < 0
 
 
-def memory_order(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...] | None]:
-    """A 1-D view of ``x`` in memory order, and the dimension order that undoes it.
-
-    Returns ``(flat, perm)``: ``x.permute(perm)`` in row-major order is ``flat``. For a dense layout (any
-    order of dimensions) that is ``x``'s own memory, so no copy is made. A view with gaps (a slice of a wider
-    tensor: attention's q, k and v cut from one projection) is copied, in its own order of strides, so that
-    :func:`restore_order` gives back the same order of strides: a consumer that wanted the view's layout
-    (cuDNN attention's backward) then needs no second copy. ``perm`` is ``None`` for row-major order.
-    """
-    if x.is_contiguous():
-        return x.reshape(-1), None
-    # Largest stride first; for ties (size-1 dims) keep the original order so the permutation is stable.
-    perm = tuple(sorted(range(x.dim()), key=lambda d: (-x.stride(d), d)))
-    xp = x.permute(perm)
-    if perm == tuple(range(x.dim())):
-        perm = None
-    return (xp if xp.is_contiguous() else xp.contiguous()).reshape(-1), perm
-
-
-def memory_rows(x: torch.Tensor, multiple: int) -> tuple[torch.Tensor, tuple[int, ...] | None] | None:
-    """A view with gaps as ``(rows, L)`` rows that lie ``S > L`` elements apart, in its order of strides.
-
-    Returns ``(rows, perm)`` when ``x`` is such a view (attention's q, k and v cut from one projection: rows of
-    ``d`` elements, ``3 d`` apart) and ``L`` is a multiple of ``multiple``: ``rows`` read row after row is what
-    :func:`memory_order` would copy, with the same ``perm``, so a kernel can read it in place. ``None`` otherwise.
-    """
-    if x.dim() < 2 or x.numel() == 0 or x.is_contiguous():
-        return None
-    perm = tuple(sorted(range(x.dim()), key=lambda d: (-x.stride(d), d)))
-    xp = x.permute(perm)
-    if xp.is_contiguous():
-        return None
-    shape, stride = xp.shape, xp.stride()
-    j, inner = xp.dim(), 1  # the dense block at the end: the row
-    while j > 0 and (shape[j - 1] == 1 or stride[j - 1] == inner):
-        inner *= shape[j - 1]
-        j -= 1
-    row_stride, rows = None, 1  # the dimensions before it: one run of rows, row_stride apart
-    for d in range(j - 1, -1, -1):
-        if shape[d] == 1:
-            continue
-        row_stride = stride[d] if row_stride is None else row_stride
-        if stride[d] != row_stride * rows:
-            return None
-        rows *= shape[d]
-    if row_stride is None or row_stride <= inner or inner % multiple:
-        return None
-    return x.as_strided((rows, inner), (row_stride, 1)), (None if perm == tuple(range(x.dim())) else perm)
-
-
-def restore_order(flat: torch.Tensor, shape: torch.Size, perm: tuple[int, ...] | None) -> torch.Tensor:
-    """Inverse of :func:`memory_order` on a contiguous 1-D tensor."""
-    if perm is None:
-        return flat.reshape(shape)
-    permuted = flat.reshape([shape[d] for d in perm])
-    inverse = [0] * len(perm)
-    for i, d in enumerate(perm):
-        inverse[d] = i
-    return permuted.permute(inverse)
-
-
-KERNELS = ("auto", "torch", "triton")
 _TRITON_MIN_TILE, _TRITON_MAX_TILE = 64, 1 << 16  # the Triton kernels' tile sizes: powers of two in this range
 
 
@@ -145,7 +98,7 @@ class SparseCodec(Codec):
         PyTorch code otherwise (warning once, and counting in
         ``actzip.kernels.runtime.fallback_counts()``, when a CUDA tensor falls back); ``"torch"`` always runs
         the PyTorch code; ``"triton"`` always runs the Triton kernels, or raises
-        :class:`~actzip.kernels.runtime.KernelUnavailableError` (a ``ConfigError``) saying why they cannot
+        :class:`~actzip.errors.KernelUnavailableError` (a ``ConfigError``) saying why they cannot
         run. Both make identical payloads and decode each other's. The kernels need a power-of-two
         ``tile_size`` (see above) and do not sign-pack float64; those cases run the PyTorch code.
     """
@@ -189,31 +142,20 @@ class SparseCodec(Codec):
 
     def uses_triton(self, device: torch.device, dtype: torch.dtype, tile_size: int, sign_pack: bool) -> bool:
         """Whether this codec runs its Triton kernels for such a tensor (announces a fallback once)."""
-        if self.kernel == "torch":
-            return False
-        if self.kernel == "auto" and device.type != "cuda":
-            return False
-        from actzip.kernels import runtime
-
-        reason = runtime.unavailable_reason(device) or _triton_tile_problem(tile_size)
-        if reason is None and sign_pack and bit_width(dtype) > 32:
-            reason = f"sign packing of {dtype} has no Triton kernel"
-        if reason is None:
-            return True
-        if self.kernel == "triton":
-            raise runtime.KernelUnavailableError(f"sparse(kernel='triton') cannot run: {reason}")
-        runtime.record_fallback("sparse codec (kernel='auto')", reason, stacklevel=4)
-        return False
+        problem = _triton_tile_problem(tile_size)
+        if problem is None and sign_pack and bit_width(dtype) > 32:
+            problem = f"sign packing of {dtype} has no Triton kernel"
+        return use_triton(self.name, self.kernel, device, problem)
 
     # -- encode / decode -------------------------------------------------------------------------------
 
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
         self.check(x, name)
         x = x.detach()
-        flat, perm = memory_order(x)
+        flat, perm = layout.memory_order(x)
         bits = flat.view(bit_view_dtype(x.dtype))
         if self.uses_triton(x.device, x.dtype, self.tile_size, self.sign_pack):
-            buffers, nnz = self._encode_triton(bits, name)
+            buffers, nnz = self._encode_triton(flat, name)
         else:
             buffers, nnz = self._encode_torch(bits, name)
         return Payload(
@@ -255,37 +197,28 @@ class SparseCodec(Codec):
         buffers = {"mask": pack_bool(padded), "tile_offsets": word_offsets.to(torch.int32), "values": packed}
         return buffers, values.numel()
 
-    def _encode_triton(self, bits: torch.Tensor, name: str) -> tuple[dict[str, torch.Tensor], int]:
-        from actzip.kernels import sparse_triton
+    def _encode_triton(self, flat: torch.Tensor, name: str) -> tuple[dict[str, torch.Tensor], int]:
+        from actzip.kernels import sparse_encode
 
-        n = bits.numel()
-        c = sparse_triton.count(bits, n, self.tile_size, self.sign_pack)
-        if self.sign_pack:
-            total, nnz, n_negative = torch.cat([c.total, c.nnz, c.sign_set]).tolist()  # the one host sync
-            if n_negative and self.check_values:
-                self._refuse_sign_bits(n_negative, n, name)
-        else:
-            total = nnz = int(c.total.item())  # the one host sync
-        values = torch.empty(total, dtype=torch.int32 if self.sign_pack else bits.dtype, device=bits.device)
-        # Sign packing compacts the values whole first: scratch room for them, sized by the same read.
-        scratch = torch.empty(nnz, dtype=bits.dtype, device=bits.device) if self.sign_pack else None
-        sparse_triton.compact(bits, n, c, values, self.tile_size, self.sign_pack, scratch=scratch, scratch_slots=False)
-        return {"mask": c.mask, "tile_offsets": c.tile_offsets, "values": values}, nnz
+        e = sparse_encode.encode(flat, self.tile_size, self.sign_pack)  # sizes the values buffer: one host sync
+        if e.host.sign_set and self.check_values:
+            self._refuse_sign_bits(e.host.sign_set, flat.numel(), name)
+        return {"mask": e.mask, "tile_offsets": e.tile_offsets, "values": e.values}, e.host.nnz
 
     def decode(self, payload: Payload) -> torch.Tensor:
         p = self._own(payload)
         n = p.shape.numel()
         tile_size, sign_pack = p.meta["tile_size"], p.meta["sign_pack"]
         if self.uses_triton(p.device, p.dtype, tile_size, sign_pack):
-            from actzip.kernels import sparse_triton
+            from actzip.kernels import sparse as sparse_kernels
 
             b = p.buffers
-            out = sparse_triton.decompress(
+            out = sparse_kernels.decompress(
                 b["mask"], b["tile_offsets"], b["values"], n, p.dtype, tile_size, sign_pack
             )
         else:
             out = self._decode_torch(p, n)
-        return restore_order(out.view(p.dtype), p.shape, p.meta["perm"])
+        return layout.restore_order(out.view(p.dtype), p.shape, p.meta["perm"])
 
     def _decode_torch(self, p: Payload, n: int) -> torch.Tensor:
         int_dtype = bit_view_dtype(p.dtype)
@@ -326,7 +259,7 @@ def entropy_bound(x: torch.Tensor, *, sign_pack: bool | None = None, tile_size: 
     """
     codec = SparseCodec(tile_size=tile_size)
     codec.check(x, "x")
-    flat, _ = memory_order(x.detach())
+    flat, _ = layout.memory_order(x.detach())
     bits = flat.view(bit_view_dtype(x.dtype))
     n = bits.numel()
     nnz = int((bits != 0).sum())

@@ -22,6 +22,8 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
         _BIT_VIEW[getattr(torch, _name)] = torch.uint8
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = tuple(_BIT_VIEW)
+# What the lossy codecs take: the dtypes they can compute in float32 (float64 for float64).
+LOSSY_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def bit_width(dtype: torch.dtype) -> int:
@@ -35,6 +37,11 @@ def bit_view_dtype(dtype: torch.dtype) -> torch.dtype:
         return _BIT_VIEW[dtype]
     except KeyError:
         raise UnsupportedDtypeError(f"dtype {dtype} has no bit view; supported: {dtype_names(FLOAT_DTYPES)}") from None
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision lossy codecs compute in: float64 for float64 tensors, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def dtype_names(dtypes) -> str:

@@ -60,4 +60,7 @@ def get(spec: str, **options) -> "Codec":
         raise ConfigError(
             f"codec {name!r} has no option(s) {', '.join(unknown)}; its options: {', '.join(accepted) or '(none)'}"
         )
+    missing = [p for p in accepted if params[p].default is inspect.Parameter.empty and p not in options]
+    if missing:
+        raise ConfigError(f"codec {name!r} needs option(s) {', '.join(missing)}, e.g. {name}:{missing[0]}=...")
     return cls(**options)

@@ -39,16 +39,41 @@ def parse_spec(text: str) -> tuple[str, dict]:
     options: dict = {}
     for part in filter(None, (p.strip() for p in opts.split(","))):
         key, eq, val = part.partition("=")
-        key = key.strip()
+        key, val = key.strip(), val.strip()
         if not eq or not key:
             raise ConfigError(f"codec spec {text!r}: option {part!r} must look like name=value")
+        if not val:
+            raise ConfigError(f"codec spec {text!r}: option {key!r} has no value after '='")
         if key in options:
             raise ConfigError(f"codec spec {text!r}: option {key!r} is given twice")
-        options[key] = parse_value(val.strip())
+        options[key] = parse_value(val)
     return name, options
 
 
+_SEPARATORS = (":", ",", "=")
+
+
+def _format_value(name: str, key: str, value) -> str:
+    text = "none" if value is None else str(value)
+    back = parse_value(text)
+    # A value must read back as itself: the text "4" would come back as the int 4, "true" as True, and a
+    # separator or outer blanks would change how the spec splits.
+    same = type(back) is type(value) and (back == value or back != back)  # noqa: PLR0124 (NaN reads back as NaN)
+    if not same or any(c in text for c in _SEPARATORS) or text != text.strip() or not text:
+        raise ConfigError(f"codec spec of {name!r}: option {key}={value!r} cannot be written in a spec "
+                          f"(it would read back as {back!r})")
+    return text
+
+
 def format_spec(name: str, options: dict | None = None) -> str:
-    """The spec string of ``name`` with ``options`` (sorted), the inverse of :func:`parse_spec`."""
-    opts = ",".join(f"{k}={'none' if v is None else v}" for k, v in sorted((options or {}).items()))
+    """The spec string of ``name`` with ``options`` (sorted), the inverse of :func:`parse_spec`.
+
+    Raises :class:`ConfigError` for a name or value that would not read back the same (a string that looks
+    like a number or a bool, or one holding ``:``, ``,`` or ``=``)."""
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in _SEPARATORS):
+        raise ConfigError(f"codec spec: {name!r} is not a codec name (a non-empty string without : , =)")
+    for key in options or {}:
+        if not isinstance(key, str) or not key.strip() or any(c in key for c in _SEPARATORS):
+            raise ConfigError(f"codec spec of {name!r}: {key!r} is not an option name")
+    opts = ",".join(f"{k}={_format_value(name, k, v)}" for k, v in sorted((options or {}).items()))
     return f"{name}:{opts}" if opts else name

@@ -1,12 +1,19 @@
-"""Bit-level device helpers of the quant and fp8 kernels (:mod:`actzip.kernels.quant_triton`): the random
-stream's hash and the fp8 conversions. Each mirrors, in integer operations or exact float32 ones, what
-:mod:`actzip.codecs.quant` computes with PyTorch, so a GPU, the CPU interpreter and PyTorch agree bit for bit.
+"""Bit-level device helpers of the quant and fp8 kernels (:mod:`actzip.kernels.quant`, :mod:`actzip.kernels.fp8`):
+the random stream's hash and the fp8 conversions. Each mirrors, in integer operations or exact float32 ones,
+what :mod:`actzip.codecs.counter_rng` and :mod:`actzip.codecs.fp8` compute with PyTorch, so a GPU, the CPU
+interpreter and PyTorch agree bit for bit.
 """
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+from actzip.kernels.runtime import missing_triton
+
+try:  # Triton is optional: the kernels need it, the rest of actzip does not
+    import triton
+    import triton.language as tl
+except ImportError as e:
+    raise missing_triton(e) from e
+
 
 HASH_M1, HASH_M2 = 0x21F0AAAD, 0x735A2D97  # the multipliers of mix32 (the codec's mix32 uses the same)
 # fp8 formats: mantissa bits, exponent bias, largest finite value.
@@ -15,7 +22,7 @@ FP8_LAYOUT = {"e4m3": (3, 7, 448.0), "e5m2": (2, 15, 57344.0)}
 
 @triton.jit
 def mix32(h):
-    """mix32 of actzip.codecs.quant, on uint32 (multiplication wraps modulo 2**32); mix32(0) == 0."""
+    """mix32 of actzip.codecs.counter_rng, on uint32 (multiplication wraps modulo 2**32); mix32(0) == 0."""
     h = h ^ (h >> 16)
     h = h * 0x21F0AAAD
     h = h ^ (h >> 15)
@@ -26,7 +33,7 @@ def mix32(h):
 
 @triton.jit
 def pair_bits(c, k1):
-    """pair_hash of actzip.codecs.quant on the uint32 counter ``c`` (already offset by the first key): six
+    """pair_hash of actzip.codecs.counter_rng on the uint32 counter ``c`` (already offset by the first key): six
     instructions per pair once the compiler folds the counter's offsets into the first product."""
     h = c * 0x21F0AAAD
     h = h ^ (h >> 15) ^ k1

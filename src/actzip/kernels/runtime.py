@@ -22,9 +22,9 @@ from collections import Counter
 
 import torch
 
-from actzip.errors import KernelUnavailableError
+from actzip.errors import KernelUnavailableError, MissingDependencyError
 
-_KERNEL_MODULES = ("actzip.kernels.sparse_triton", "actzip.kernels.quant_triton")
+_KERNEL_MODULES = ("actzip.kernels.sparse", "actzip.kernels.quant_tiles")  # each defines INTERPRETED
 _TRUE = {"1", "true", "on", "yes"}
 
 
@@ -37,6 +37,14 @@ def triton_import_error() -> str | None:
     except Exception as e:  # ImportError, or a broken install failing in some other way
         return f"{type(e).__name__}: {e}"
     return None
+
+
+def missing_triton(cause: BaseException) -> MissingDependencyError:
+    """The error a kernel module raises when ``import triton`` fails with ``cause``."""
+    return MissingDependencyError(
+        f"actzip's Triton kernels need Triton, which cannot be imported ({type(cause).__name__}: {cause}); "
+        f"install it with pip install 'actzip[triton]'"
+    )
 
 
 def triton_available() -> bool:

@@ -1,30 +1,67 @@
 """Where codecs meet autograd: the compressed activation cache and fused ReLU / ReLU² MLPs."""
 
-from actzip.memory.account import RuleStats, StepAccount
-from actzip.memory.apply import CompressReport, SparseMLPConfig, compress_, register_handler
-from actzip.memory.fp8_linear import Fp8Linear, fp8_linears_
-from actzip.memory.linear import SketchedLinear, sketch_linears_
-from actzip.memory.presets import PRESETS, compressed, preset_rules
-from actzip.memory.relu_mlp import SparseGatedReLUMLP, SparseReLU, SparseReLUMLP
-from actzip.memory.roles import RoleTracker, current_role
-from actzip.memory.rules import CacheConfig, Rule, count_only_rules, default_rules
-from actzip.memory.saved import ActivationCache, current_cache, record_external
+from actzip import compat
+from actzip.memory import cache
+from actzip.memory.cache import (
+    PRESETS,
+    CacheConfig,
+    CacheContext,
+    Rule,
+    RuleStats,
+    StepAccount,
+    count_only_rules,
+    current_cache,
+    current_role,
+    default_rules,
+    preset_rules,
+    record_external,
+)
+from actzip.memory.cache.context import ActivationCache  # deprecated alias, warns once
+from actzip.memory.cache.presets import compressed  # deprecated alias, warns once
+from actzip.api import CompressReport, compress_, register_handler, restore_
+from actzip.memory.modules import (
+    Arena,
+    Fp8Linear,
+    Fp8LinearConfig,
+    GraphedStep,
+    SketchedLinear,
+    SketchedLinearConfig,
+    SparseGatedReLUMLP,
+    SparseMLPConfig,
+    SparseReLU,
+    SparseReLUMLP,
+    arena_of,
+)
+from actzip.memory.lora import LoRAConfig, LoRALinear
+from actzip.memory.modules.fp8_linear import fp8_linears_  # deprecated alias, warns once
+from actzip.memory.modules.sketched_linear import sketch_linears_  # deprecated alias, warns once
+
+# deprecated alias, warns once: actzip.cache(...) tracks roles itself when its rules ask for them
+RoleTracker = compat.deprecated(cache.RoleTracker, "actzip.memory.RoleTracker", "actzip.cache(...)")
 
 __all__ = [
     "ActivationCache",
+    "Arena",
     "CacheConfig",
+    "CacheContext",
     "CompressReport",
     "Fp8Linear",
+    "Fp8LinearConfig",
+    "GraphedStep",
+    "LoRAConfig",
+    "LoRALinear",
     "PRESETS",
     "RoleTracker",
     "Rule",
     "RuleStats",
     "SketchedLinear",
+    "SketchedLinearConfig",
     "SparseGatedReLUMLP",
     "SparseMLPConfig",
     "SparseReLU",
     "SparseReLUMLP",
     "StepAccount",
+    "arena_of",
     "compress_",
     "compressed",
     "count_only_rules",
@@ -35,5 +72,6 @@ __all__ = [
     "preset_rules",
     "record_external",
     "register_handler",
+    "restore_",
     "sketch_linears_",
 ]

@@ -10,10 +10,10 @@ by a spec string::
                                        buffers (here: top-k's kept values, quantized to 8 bits)
     delta:bits=4                       AQ-SGD delta against a per-sample cache (forward only; needs sample ids)
 
-Option values are parsed as int, float, ``true``/``false``, ``none`` or else strings. Only floating-point
-tensors are encoded: integer and bool tensors (token ids, masks) always travel raw and exact. The codec's
-options, not the text, are what the two ends compare in their handshake, so ``quant`` and ``quant:bits=4``
-agree when 4 is the default.
+Each codec of a chain is written in :mod:`actzip.core.spec`'s grammar, so ``"quant:bits=4,group_size=128"``
+means here what it means to ``actzip.codecs.get``. Only floating-point tensors are encoded: integer and bool
+tensors (token ids, masks) always travel raw and exact. The codec's options, not the text, are what the two
+ends compare in their handshake, so ``quant`` and ``quant:bits=4`` agree when 4 is the default.
 """
 
 from __future__ import annotations
@@ -23,29 +23,17 @@ from dataclasses import dataclass
 
 import torch
 
+from actzip.compat import deprecated
 from actzip.errors import ConfigError, PayloadError
 from actzip.core.payload import Payload
 from actzip.core.registry import codec_class, get
+from actzip.core.spec import format_spec, parse_spec
 from actzip.wire.delta import DeltaCodec
 from actzip.wire.transport import WireConfigMismatchError
 
-__all__ = ["DIRECTIONS", "BoundaryCodec", "ChainCodec", "CodecSpec", "parse_codec"]
+__all__ = ["DIRECTIONS", "ChainCodec", "CodecSpec", "WireCodec", "parse_codec"]
 
 DIRECTIONS = ("fwd", "bwd")
-
-
-def _value(text: str):
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "none":
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 @dataclass(frozen=True)
@@ -57,8 +45,7 @@ class CodecSpec:
     then: CodecSpec | None = None  # codec applied to this one's floating-point buffers
 
     def __str__(self) -> str:
-        opts = ",".join(f"{k}={v}" for k, v in self.options)
-        return f"{self.name}{':' + opts if opts else ''}{'+' + str(self.then) if self.then else ''}"
+        return format_spec(self.name, dict(self.options)) + (f"+{self.then}" if self.then else "")
 
 
 def parse_codec(text: str | CodecSpec | None) -> CodecSpec:
@@ -70,14 +57,8 @@ def parse_codec(text: str | CodecSpec | None) -> CodecSpec:
     if not isinstance(text, str):
         raise ConfigError(f"codec spec must be a string like 'quant:bits=4', got {type(text).__name__}")
     head, _, rest = text.strip().partition("+")
-    name, _, opts = head.partition(":")
-    options = {}
-    for part in filter(None, (p.strip() for p in opts.split(","))):
-        key, eq, val = part.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"codec spec {text!r}: option {part!r} must look like name=value")
-        options[key.strip()] = _value(val.strip())
-    spec = CodecSpec(name.strip().lower(), tuple(sorted(options.items())), parse_codec(rest) if rest else None)
+    name, options = parse_spec(head)
+    spec = CodecSpec(name, tuple(sorted(options.items())), parse_codec(rest) if rest else None)
     if spec.then is not None and (spec.name in ("none", "delta") or spec.then.name in ("none", "delta")
                                   or spec.then.then is not None):
         raise ConfigError(f"codec spec {text!r}: a chain is two registry codecs ('mask:keep=0.1+quant:bits=8'); "
@@ -134,7 +115,7 @@ class ChainCodec:
         return self.first.decode(first)
 
 
-class BoundaryCodec:
+class WireCodec:
     """How one direction of one boundary encodes the floating-point tensors of a message.
 
     ``spec``: a codec spec (see the module docstring). ``direction``: "fwd" (activations) or "bwd" (gradients).
@@ -143,7 +124,7 @@ class BoundaryCodec:
 
     def __init__(self, spec: str | CodecSpec | None = "none", *, direction: str = "fwd", seed: int = 0) -> None:
         if direction not in DIRECTIONS:
-            raise ConfigError(f"BoundaryCodec: direction must be one of {DIRECTIONS}, got {direction!r}")
+            raise ConfigError(f"WireCodec: direction must be one of {DIRECTIONS}, got {direction!r}")
         self.spec = parse_codec(spec)
         self.direction = direction
         s = self.spec
@@ -220,3 +201,6 @@ class BoundaryCodec:
                         f"{str(self.spec)!r}")
                 out[name] = item
         return out
+
+
+BoundaryCodec = deprecated(WireCodec, "actzip.wire.BoundaryCodec", "actzip.wire.WireCodec")

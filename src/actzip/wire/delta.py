@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from actzip.codecs.quant import LOSSY_DTYPES, QuantCodec
-from actzip.core.dtypes import check_dense_tensor
+from actzip.codecs.quant import QuantCodec
+from actzip.core.dtypes import LOSSY_DTYPES, check_dense_tensor
 from actzip.errors import ConfigError, PayloadError
 from actzip.core.payload import Payload
 from actzip.wire.transport import WireDesyncError

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from actzip.memory.rebuild import rebuild_saved, recompute
+from actzip.memory.cache.rebuild import rebuild_saved, recompute
 
 from actzip.errors import ConfigError
 
@@ -180,10 +180,15 @@ def _merge_heads(y: torch.Tensor) -> torch.Tensor:
 class MLP(nn.Module):
     """Position-wise feed-forward: c_fc -> activation -> c_proj."""
 
+    # What actzip's SparseMLPConfig reads: forward is exactly dropout(c_proj(act(c_fc(x)))), and the
+    # activation's name (act itself is a plain function for relu2).
+    actzip_mlp_layout = ("c_fc", "act", "c_proj")
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         hidden = config.mlp_ratio * config.n_embd
         self.activation = config.activation
+        self.actzip_mlp_activation = config.activation
         self.act = ACTIVATIONS[config.activation]
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)

@@ -263,7 +263,7 @@ def test_loss_chunk_must_be_a_non_negative_int():
 @pytest.mark.parametrize("activation", ["relu2", "gelu"])
 @pytest.mark.parametrize("targets, per_block", [(True, 3), (("ln_2",), 1), (("ln_1", "attn_out"), 2)])
 def test_rebuild_saved_gives_identical_grads_and_keeps_less(activation, targets, per_block):
-    from actzip.memory import ActivationCache
+    from actzip.memory.cache import CacheContext as ActivationCache
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", activation=activation))
@@ -290,7 +290,7 @@ def test_rebuild_saved_names_known_targets(bad):
 
 
 def test_rebuild_saved_stands_aside_inside_checkpointed_blocks():
-    from actzip.memory import ActivationCache
+    from actzip.memory.cache import CacheContext as ActivationCache
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", checkpoint_blocks=True, rebuild_saved=True))

@@ -1,0 +1,300 @@
+"""The cache context: compress what autograd saves for backward inside a ``with`` block.
+
+``actzip.cache(preset_or_config)`` builds a :class:`CacheContext`, a context manager over
+:func:`torch.autograd.graph.saved_tensors_hooks`. Every tensor autograd saves inside the block goes through the
+rules (:mod:`actzip.memory.cache.rules`, built from a preset of :mod:`actzip.memory.cache.presets`); the first rule
+that accepts it picks a codec, and autograd keeps the payload instead of the tensor. In backward the payload is
+decoded when autograd asks for the tensor. A tensor saved twice (the same storage, view and version, like a
+ReLU output that both ReLU and the next op save) is encoded and counted once, unless the first save was
+stored lossily: then each save goes through the rules on its own. When the rules ask for the role of a saved
+tensor (every preset but ``lossless``) the block also runs under a
+:class:`~actzip.memory.cache.roles.RoleTracker`.
+
+With a lossless codec (the default) backward sees bit-identical tensors, so gradients are bit-identical.
+
+Composition:
+- ``torch.utils.checkpoint`` (non-reentrant): checkpointed regions install their own hooks, which take
+  precedence inside them; the cache compresses the tensors saved outside those regions.
+- ``torch.compile``: the hooks run, outside the compiled code, on the tensors the compiled graph saves; those
+  are chosen by the compiler and can differ from eager mode (a fused kernel may save a pre-activation instead
+  of a ReLU output), so what is compressed and how much is saved can differ too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Sequence
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from actzip import compat
+from actzip.core.payload import Payload
+from actzip.errors import ConfigError
+from actzip.memory.cache.account import StepAccount
+from actzip.memory.cache.active import close_cache, current_cache, open_cache, record_external
+from actzip.memory.cache.config import CacheConfig
+from actzip.memory.cache.roles import RoleTracker, role_query
+from actzip.memory.cache.rules import Rule, count_only_rules, same_treatment
+from actzip.memory.cache.stored import StoredActivation
+
+__all__ = ["ActivationCache", "CacheContext", "CachedActivation", "cache"]
+
+# Options that still mean something when the rules are given: the rest only shape a preset's rules.
+_OPTIONS_WITH_RULES = ("dedup", "track_roles")
+
+
+class CachedActivation(StoredActivation):
+    """What autograd holds in place of a saved tensor: a payload, or the tensor (detached: a node that saves its
+    own output would otherwise hold itself through it, a cycle that keeps the whole graph alive)."""
+
+    __slots__ = ("payload", "tensor", "codec", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor | None, payload: Payload | None, codec) -> None:
+        super().__init__()
+        self.tensor = tensor
+        self.payload = payload
+        self.codec = codec
+
+    def get(self) -> torch.Tensor:
+        if self.payload is None:
+            return self.tensor
+        return self.hand_out(lambda: self.codec.decode(self.payload))
+
+
+class _Name:
+    """A saved tensor's name in a codec's error message, formatted only when one is raised (a save's host time
+    is the step time of a small model)."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape, self.dtype = t.shape, t.dtype
+
+    def __str__(self) -> str:
+        return f"saved tensor {tuple(self.shape)} {self.dtype}"
+
+
+class CacheContext:
+    """Compress the tensors autograd saves inside a ``with`` block (build it with ``actzip.cache``).
+
+    >>> cache = actzip.cache()            # lossless: the sparse codec for mostly-zero tensors
+    >>> with cache:
+    ...     loss = model(x).sum()
+    >>> loss.backward()
+    >>> print(cache.last)                 # bytes before and after, by rule
+
+    Args:
+      config: the preset and its options (:class:`~actzip.memory.cache.config.CacheConfig`).
+      rules: an explicit rule list instead of the preset's (see :mod:`actzip.memory.cache.rules`); then only
+        ``config.dedup`` and ``config.track_roles`` apply.
+
+    Build it once and enter it every step: each ``with`` block is one step of accounting, ``cache.last`` is the
+    latest :class:`~actzip.memory.cache.account.StepAccount`, ``cache.history`` keeps them all (call
+    ``cache.history.clear()`` to drop them), and stochastic rounding draws new noise each step.
+    """
+
+    def __init__(self, config: CacheConfig | None = None, *, rules: Sequence[Rule] | None = None) -> None:
+        if config is not None and not isinstance(config, CacheConfig):
+            raise ConfigError(f"cache: config must be a CacheConfig, got {type(config).__name__}")
+        self.config = config or CacheConfig()
+        self.rules: list[Rule] = list(rules) if rules is not None else self.config.build_rules()
+        bad = [r for r in self.rules if not isinstance(r, Rule)]
+        if bad:
+            raise ConfigError(f"cache: rules must be actzip.memory.cache.rules.Rule objects, got {bad[0]!r}")
+        track = self.config.track_roles
+        # whether the block runs under a RoleTracker: when a rule asks for roles, unless the config says
+        self.track_roles: bool = any(r.needs_role for r in self.rules) if track is None else track
+        self.history: list[StepAccount] = []
+        self._hooks = None
+        self._tracker: RoleTracker | None = None
+        self._account: StepAccount | None = None
+        self._seen: dict[tuple, tuple[StorageWeakRef, weakref.ref]] = {}
+        self._rule_of: dict[int, Rule | None] = {}  # id of a live lossy save -> the rule that made it
+        # saves stored so far in the open `with` block, minus one: names a save site (None while rules are only
+        # asked about a tensor, not storing it)
+        self.save_index: int | None = -1
+
+    @classmethod
+    def count_only(cls) -> "CacheContext":
+        """A cache that stores everything as it is and only counts it (same dedup, same accounting)."""
+        return cls(rules=count_only_rules())
+
+    def __repr__(self) -> str:
+        rules = ", ".join(r.name for r in self.rules)
+        return f"CacheContext(preset={self.config.preset!r}, track_roles={self.track_roles}, rules=[{rules}])"
+
+    @property
+    def last(self) -> StepAccount:
+        """The account of the latest ``with`` block (``print(cache.last)`` shows it as a table)."""
+        if not self.history:
+            raise RuntimeError("the cache has no account yet: use it in a `with` block first")
+        return self.history[-1]
+
+    def __enter__(self) -> "CacheContext":
+        if self._hooks is not None:
+            raise RuntimeError("the cache is already active; it cannot be entered twice at once")
+        self._account = StepAccount()
+        self.save_index = -1
+        self._seen.clear()
+        self._rule_of.clear()
+        if self.track_roles:  # a fresh tracker each block: modes are entered once each
+            self._tracker = RoleTracker()
+            self._tracker.__enter__()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        open_cache(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+        close_cache(self)
+        if self._tracker is not None:
+            self._tracker.__exit__(*exc)
+            self._tracker = None
+        self.history.append(self._account)
+        self._account = None
+        self._seen.clear()
+        self._rule_of.clear()
+
+    def record(self, rule: str, dense_bytes: int, stored_bytes) -> None:
+        """Account one tensor kept outside the hooks in the open block's step (see
+        :func:`~actzip.memory.cache.active.record_external`)."""
+        if self._account is not None:
+            self._account.add(rule, dense_bytes, stored_bytes)
+
+    # -- hooks -------------------------------------------------------------------------------------------
+
+    def _key(self, t: torch.Tensor):
+        if t.layout != torch.strided or t.is_nested:
+            return None
+        return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
+
+    def _pack(self, t: torch.Tensor) -> CachedActivation:
+        with role_query():  # the rules ask for t's role, each of them: work it out once
+            return self._pack_in_query(t)
+
+    def _pack_in_query(self, t: torch.Tensor) -> CachedActivation:
+        key = self._key(t) if self.config.dedup else None
+        if key is not None:
+            hit = self._seen.get(key)
+            if hit is not None:
+                storage_ref, saved_ref = hit
+                saved = saved_ref()
+                # The storage is still alive, so the same address means the same data (no reuse). A lossy copy
+                # is shared only with a save the rules treat the same way (same role, same codec): another
+                # save may need more precision than the first got.
+                shareable = saved is not None and (
+                    saved.codec is None or saved.codec.lossless
+                    or same_treatment(self._rule_for(t), self._rule_of.get(id(saved)))
+                )
+                if shareable and not storage_ref.expired():
+                    saved.shares += 1  # rebuilt once for all of them (actzip.memory.cache.stored)
+                    self._account.duplicates += 1
+                    self._account.duplicate_bytes += t.numel() * t.element_size()
+                    return saved
+        saved, rule = self._store(t)
+        if key is not None:
+            self._seen[key] = (StorageWeakRef(t.untyped_storage()), weakref.ref(saved))
+            if saved.codec is not None and not saved.codec.lossless:
+                self._rule_of[id(saved)] = rule  # read only while `saved` is alive (checked above)
+        return saved
+
+    def _rule_for(self, t: torch.Tensor) -> Rule | None:
+        index, self.save_index = self.save_index, None  # a question about t, not a save: no save site
+        try:
+            return next((rule for rule in self.rules if rule.matches(t)), None)
+        finally:
+            self.save_index = index
+
+    def _store(self, t: torch.Tensor) -> tuple[CachedActivation, Rule | None]:
+        self.save_index += 1
+        dense = t.numel() * t.element_size()
+        for rule in self.rules:
+            if rule.matches(t):
+                name, saved, stored = rule.name, CachedActivation(t.detach(), None, None), dense
+                if rule.codec is not None:
+                    payload = rule.codec.encode(t, name=_Name(t))
+                    nbytes = payload.nbytes
+                    if nbytes >= dense:  # no gain: keep the tensor, drop the payload
+                        name = "incompressible"
+                    else:
+                        saved, stored = CachedActivation(None, payload, rule.codec), nbytes
+                if rule.offload is not None:  # to pinned CPU memory; `stored` becomes the device bytes kept
+                    saved, stored = rule.offload.stash(saved, stored)
+                self._account.add(name, dense, stored)
+                return saved, rule
+        self._account.add("unmatched", dense, dense)
+        return CachedActivation(t.detach(), None, None), None
+
+    def pack(self, t: torch.Tensor) -> CachedActivation:
+        """Store ``t`` as the hooks would (for code that installs hooks of its own inside the block)."""
+        return self._pack(t)
+
+    @staticmethod
+    def unpack(saved: CachedActivation) -> torch.Tensor:
+        """The tensor ``saved`` (from :meth:`pack`) stands for."""
+        return saved.get()
+
+    _unpack = unpack
+
+
+def cache(preset_or_config: str | CacheConfig | None = None, *, rules: Sequence[Rule] | None = None,
+          **options) -> CacheContext:
+    """The activation cache: a context manager compressing what autograd saves inside its ``with`` block.
+
+    >>> with actzip.cache("4bit", min_bytes=0) as c:
+    ...     loss = model(x).sum()
+    >>> loss.backward()
+    >>> print(c.last)
+
+    ``preset_or_config``: a preset name (``"lossless"``, the default, ``"conservative"``, ``"balanced"``,
+    ``"aggressive"``, ``"4bit"``, ``"2bit"``: :mod:`actzip.memory.cache.presets`) or a
+    :class:`~actzip.memory.cache.config.CacheConfig`; ``options`` are :class:`CacheConfig` fields (``min_bytes``,
+    ``min_zero_fraction``, ``group_size``, ``seed``, ``treatments``, ``offload``, ``codec``, ``allow_lossy``,
+    ``dedup``, ``track_roles``, ...) set on top of it. ``rules=[...]``: your own rules instead of a preset's (only
+    ``dedup`` and ``track_roles`` apply then). Roles are tracked in the block when the rules ask for them. A
+    bad preset, option or rule fails here, before any block is entered.
+    """
+    if isinstance(preset_or_config, CacheConfig):
+        config = _with_options(preset_or_config, options)
+    elif preset_or_config is None or isinstance(preset_or_config, str):
+        if preset_or_config is not None:
+            if "preset" in options:
+                raise ConfigError(f"cache: preset given twice ({preset_or_config!r} and preset={options['preset']!r})")
+            options = {"preset": preset_or_config, **options}
+        config = _with_options(CacheConfig(), options) if options else CacheConfig()
+    else:
+        raise ConfigError(f"cache: expected a preset name or a CacheConfig, got {type(preset_or_config).__name__}")
+    if rules is not None:
+        shaping = sorted(set(options) - set(_OPTIONS_WITH_RULES))
+        if isinstance(preset_or_config, CacheConfig) and config.preset != CacheConfig().preset:
+            shaping = ["preset", *shaping]
+        if shaping:
+            raise ConfigError(f"cache: with rules=[...] the option(s) {', '.join(shaping)} would be ignored (they "
+                              f"shape a preset's rules); only {', '.join(_OPTIONS_WITH_RULES)} apply")
+        if isinstance(rules, Rule) or not isinstance(rules, (list, tuple)):
+            raise ConfigError(f"cache: rules must be a list of Rule objects, got {type(rules).__name__}")
+    return CacheContext(config, rules=rules)
+
+
+def _with_options(config: CacheConfig, options: dict) -> CacheConfig:
+    fields = [f.name for f in dataclasses.fields(CacheConfig)]
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise ConfigError(f"cache: unknown option(s) {', '.join(unknown)}; options: {', '.join(fields)}")
+    return dataclasses.replace(config, **options) if options else config
+
+
+ActivationCache = compat.deprecated(CacheContext, "actzip.memory.ActivationCache", "actzip.cache(...)")
+
+_OLD_NAMES = {"current_cache": current_cache, "record_external": record_external}  # of actzip.memory.saved
+
+
+def __getattr__(name: str):  # names the old module path (actzip.memory.saved) had, now in ...cache.active
+    if name in _OLD_NAMES:
+        compat.warn_once(f"actzip.memory.saved.{name}", f"actzip.memory.cache.active.{name}")
+        return _OLD_NAMES[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
