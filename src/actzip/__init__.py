@@ -11,6 +11,15 @@ __version__ = "0.1.0"
 
 compat.install()
 
+
+def __getattr__(name: str):
+    # actzip.wire (torch.distributed and the pipeline runner) loads on first use, so `import actzip` stays light
+    if name == "wire":
+        import importlib
+
+        return importlib.import_module("actzip.wire")
+    raise AttributeError(f"module 'actzip' has no attribute {name!r}")
+
 __all__ = [
     "CacheConfig",
     "CompressReport",
@@ -24,5 +33,6 @@ __all__ = [
     "errors",
     "memory",
     "restore_",
+    "wire",
     *errors.__all__,
 ]

@@ -38,8 +38,8 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
     import triton.testing
 
     from actzip_bench.harness import copy_bandwidth, machine_record
-    from actzip.kernels import sparse_encode_triton as E
-    from actzip.kernels import sparse_triton as K
+    from actzip.kernels import sparse as K
+    from actzip.kernels import sparse_encode as E
 
     bw = copy_bandwidth(device)
     rows = []
@@ -50,16 +50,15 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
             bits = x.view(bit_view_dtype(dtype))
             n = bits.numel()
             for sign_pack in (False, True):
-                c = K.compress(bits, n, cfg.tile_size, sign_pack)
-                values = torch.empty_like(c.values)
+                c = E.encode(bits, cfg.tile_size, sign_pack)
                 payload = c.mask.numel() + 4 * c.tile_offsets.numel() + c.values.numel() * c.values.element_size()
                 dense = n * x.element_size()
 
-                def enc():
-                    K.compress(bits, n, cfg.tile_size, sign_pack, values=values)
-
-                one_pass = torch.empty(E.values_capacity(n, cfg.tile_size, dtype, sign_pack), dtype=values.dtype,
+                one_pass = torch.empty(E.values_capacity(n, cfg.tile_size, dtype, sign_pack), dtype=c.values.dtype,
                                        device=device)
+
+                def enc():
+                    E.encode(bits, cfg.tile_size, sign_pack, values=one_pass)
 
                 def enc1():
                     E.encode(x, cfg.tile_size, sign_pack, values=one_pass, passes=1)
@@ -103,6 +102,6 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
                     "encode_relu2_single_pass_s": timed.get("relu2_1"),
                     "encode_relu2_single_pass_frac_copy": frac("relu2_1", moved_relu),
                 })
-                del values, c, out, one_pass
+                del c, out, one_pass
             del x, bits
     return {"config": asdict(cfg), "copy_bandwidth": bw, "runs": rows, "machine": machine_record(device)}

@@ -7,8 +7,8 @@ weights, the same adapter initialization, the same batches and the same dropout 
 per step). Methods:
 
 - ``lora``: peft as it comes; ``lora+checkpoint``: the same with transformers' gradient checkpointing;
-- ``fa``: ``actzip.lora.apply(model, "fa")`` (LoRA-FA: lora_A frozen, Z kept);
-- ``care``: ``actzip.lora.apply(model, "care")`` (Z and the fitted M kept);
+- ``fa``: ``actzip.compress_(model, LoRAConfig(method="fa"))`` (LoRA-FA: lora_A frozen, Z kept);
+- ``care``: ``actzip.compress_(model, LoRAConfig(method="care"))`` (Z and the fitted M kept);
 - ``care+K``: the same with ``extra_rank=K`` (also a K-column sketch of X kept, for a more exact grad_A);
   ``care+KpQ``: with ``power_iters=Q`` (the sketch turned toward X's top singular directions);
   ``care@G`` (or ``care+K@G``): with ``fit_group_rows=G`` (one M per G consecutive tokens).
@@ -34,10 +34,11 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from actzip.errors import ConfigError
+from actzip.api import compress_, restore_
 from actzip.core.lr_schedule import lr_scheduler
+from actzip.errors import ConfigError
+from actzip.memory.lora import DROPOUT_MASKS, LoRAConfig
 from actzip_bench.data.tasks import SnippetClassification, SnippetTaskConfig
-from actzip.memory.lora import DROPOUT_MASKS
 
 METHODS = ("lora", "lora+checkpoint", "fa", "care")  # and "care+K[pQ][@G]" (extra_rank, power_iters, fit_group_rows)
 
@@ -194,8 +195,6 @@ def pretrain(cfg: LoRABenchConfig, device: torch.device, progress=None):
 def _peft(cfg: LoRABenchConfig, pretrained, method: str):
     from peft import LoraConfig, get_peft_model
 
-    import actzip.lora
-
     model = copy.deepcopy(pretrained)
     torch.manual_seed(cfg.seed + 1)  # the same adapter initialization for every method
     peft_model = get_peft_model(model, LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
@@ -206,10 +205,10 @@ def _peft(cfg: LoRABenchConfig, pretrained, method: str):
         model.config.use_cache = False
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     elif method == "fa":
-        report = actzip.lora.apply(peft_model, method, lam=cfg.lam, dropout_mask=cfg.dropout_mask)
+        report = compress_(peft_model, LoRAConfig(method="fa", lam=cfg.lam, dropout_mask=cfg.dropout_mask))
     elif _care_options(method) is not None:
-        report = actzip.lora.apply(peft_model, "care", lam=cfg.lam, **_care_options(method),
-                                   dropout_mask=cfg.dropout_mask)
+        report = compress_(peft_model, LoRAConfig(method="care", lam=cfg.lam, dropout_mask=cfg.dropout_mask,
+                                                  **_care_options(method)))
     peft_model.train()
     return peft_model, report
 
@@ -262,8 +261,6 @@ def grad_a_error(model, batch: dict, seed: int, lam: float = 1e-6, extra_rank: i
                  dropout_mask: str = "bitmask", fit_group_rows: int = 0, power_iters: int = 0) -> dict:
     """Relative error ``|G - G_exact| / |G_exact|`` of every lora_A gradient of a CARE model, against exact
     LoRA on the same weights, batch and dropout masks; also whether every lora_B gradient was bit-identical."""
-    import actzip.lora
-
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def grads():
@@ -280,12 +277,12 @@ def grad_a_error(model, batch: dict, seed: int, lam: float = 1e-6, extra_rank: i
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         approx = grads()
-        actzip.lora.remove(model)
+        restore_(model)
         exact = grads()
     finally:
         torch.use_deterministic_algorithms(was)
-        actzip.lora.apply(model, "care", lam=lam, extra_rank=extra_rank, power_iters=power_iters,
-                          fit_group_rows=fit_group_rows, dropout_mask=dropout_mask)
+        compress_(model, LoRAConfig(method="care", lam=lam, extra_rank=extra_rank, power_iters=power_iters,
+                                    fit_group_rows=fit_group_rows, dropout_mask=dropout_mask))
     model.zero_grad(set_to_none=True)
     rel = {n: float((approx[n] - g).norm() / g.norm()) for n, g in exact.items() if "lora_A" in n and g.norm() > 0}
     num = math.sqrt(sum(float((approx[n] - exact[n]).norm()) ** 2 for n in rel))
@@ -359,8 +356,8 @@ def _run_lora(cfg: LoRABenchConfig, device: torch.device, progress=None) -> dict
                "saved_bytes": s["saved"], "saved_bytes_per_token": s["saved"]["total"] / tokens if s["saved"] else None,
                "train_loss": losses[:: cfg.log_every]}
         if s["report"] is not None:
-            run["layers_compressed"] = len(s["report"].compressed)
-            run["layers_plain"] = [list(p) for p in s["report"].plain]
+            run["layers_compressed"] = len(s["report"].swapped)
+            run["layers_plain"] = [[name, why.removeprefix("plain LoRA: ")] for name, why in s["report"].skipped]
         if cfg.seeds > 1:
             accs = [run["test_accuracy"], *extra[method]]
             run["test_accuracy_seeds"] = accs
@@ -416,11 +413,11 @@ def _finetune_state(cfg: LoRABenchConfig, pretrained, method: str) -> dict:
     (the same batches for every method)."""
     model, report = _peft(cfg, pretrained, method)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-    return {"model": model, "opt": opt, "sched": _lr_schedule(cfg, opt), "report": report, "losses": [], "step": 0,
+    return {"model": model, "opt": opt, "sched": lr_schedule(cfg, opt), "report": report, "losses": [], "step": 0,
             "gen": torch.Generator().manual_seed(cfg.seed + 2)}
 
 
-def _lr_schedule(cfg: LoRABenchConfig, opt) -> torch.optim.lr_scheduler.LambdaLR:
+def lr_schedule(cfg: LoRABenchConfig, opt) -> torch.optim.lr_scheduler.LambdaLR:
     return lr_scheduler(opt, cfg.lr_schedule, cfg.steps, "lora bench")
 
 

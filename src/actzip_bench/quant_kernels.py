@@ -10,7 +10,7 @@ Each variant is also checked against the PyTorch codec (``kernel="torch"``) on a
 payload buffers and decoded bits (``exact``), and the PyTorch code's own throughput there, for comparison.
 
 The launch-shape sweep (``sweep`` in the record) times the quant kernels themselves
-(:func:`actzip.kernels.quant_triton.quant_encode` / ``quant_decode``) for each of ``sweep_variants`` on a
+(:func:`actzip.kernels.quant.quant_encode` / ``quant_decode``) for each of ``sweep_variants`` on a
 ``sweep_dtype`` tensor at each ``(tile, warps, group_threads)`` of ``sweep``, each as a fraction of the same
 copy bandwidth, and checks that every shape writes the same bytes as the default one (``same_bytes``).
 """
@@ -47,7 +47,7 @@ class QuantKernelBenchConfig:
     variants: tuple[str, ...] = tuple(VARIANTS)  # keys of VARIANTS
     group_size: int = 128  # elements per group (quant, and fp8 with granularity="group")
     # Launch shapes: (elements per program, warps, threads per group) for these quant variants on this dtype
-    # (see actzip.kernels.quant_triton.geometry: threads per group rise to fill the program when needed).
+    # (see actzip.kernels.quant_tiles.geometry: threads per group rise to fill the program when needed).
     sweep_variants: tuple[str, ...] = ("quant4-sr", "quant4-rn", "quant8-sr", "quant8-rn")
     sweep_dtype: str = "bfloat16"
     sweep: tuple[tuple[int, int, int], ...] = (
@@ -99,7 +99,7 @@ def _encode_decode_times(codec, x: torch.Tensor) -> tuple[float, float, int]:
 
 
 def _sweep_decode(buf: dict, n: int, dtype: torch.dtype, args: tuple, shape: dict | None = None) -> torch.Tensor:
-    from actzip.kernels import quant_triton as K
+    from actzip.kernels import quant as K
 
     bits, group_size, absmax = args[:3]
     params = (buf["absmax"], None) if absmax else (buf["lo"], buf["span"])
@@ -108,7 +108,7 @@ def _sweep_decode(buf: dict, n: int, dtype: torch.dtype, args: tuple, shape: dic
 
 def _sweep(cfg: QuantKernelBenchConfig, device: torch.device, bw: float) -> list[dict]:
     """Encode/decode throughput of the quant kernels per launch shape (see the module docstring)."""
-    from actzip.kernels import quant_triton as K
+    from actzip.kernels import quant as K
 
     dtype = getattr(torch, cfg.sweep_dtype)
     g = torch.Generator(device=device).manual_seed(1)

@@ -87,11 +87,11 @@ def test_config_errors():
 
 
 def test_lr_schedule_warms_up_and_decays_to_a_tenth():
-    from actzip_bench.lora import _lr_schedule
+    from actzip_bench.lora import lr_schedule
 
     def rates(schedule):
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-        sched = _lr_schedule(LoRABenchConfig(steps=100, lr_schedule=schedule), opt)
+        sched = lr_schedule(LoRABenchConfig(steps=100, lr_schedule=schedule), opt)
         out = []
         for _ in range(100):
             out.append(opt.param_groups[0]["lr"])

@@ -239,9 +239,10 @@ def test_minmax_range_overflow_is_refused():
 # -- names kept from before the fp8 codec and the random stream had their own modules -------------------------
 
 
-@pytest.mark.parametrize("name,home", [("FP8Codec", "actzip.codecs.fp8"), ("FP8_FORMATS", "actzip.codecs.fp8"),
-                                       ("LOSSY_DTYPES", "actzip.core.dtypes"), ("stream_keys", "actzip.codecs.counter_rng"),
-                                       ("round_bits", "actzip.codecs.counter_rng")])  # fmt: skip
+@pytest.mark.parametrize("name,home", [
+    ("FP8Codec", "actzip.codecs.fp8"), ("FP8_FORMATS", "actzip.codecs.fp8"), ("LOSSY_DTYPES", "actzip.core.dtypes"),
+    ("stream_keys", "actzip.codecs.counter_rng"), ("round_bits", "actzip.codecs.counter_rng"),
+])  # fmt: skip
 def test_moved_names_still_import_from_here_with_a_warning(name, home):
     import importlib
 

@@ -15,7 +15,8 @@ Format: one buffer ``xs`` (``x S`` in ``x``'s dtype, computed in float32, float6
 meta holds the seed, kind, ``rank = k`` and ``d``. ``nbytes`` is that of ``xs`` alone.
 
 The typical use is a linear layer's saved input: the weight gradient ``G^T x`` only needs ``x`` in expectation,
-and ``G^T (x S) S^T`` is exactly rank ``k`` (see :class:`actzip.memory.linear.SketchedLinear`).
+and ``G^T (x S) S^T`` is exactly rank ``k`` (see
+:class:`actzip.memory.modules.sketched_linear.SketchedLinear`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def sketch_matrix(
     The same arguments give the same matrix on every device, and the global RNG is untouched.
     ``"gaussian"``: entries ``N(0, 1/k)``, drawn in float64 on a private CPU generator, then cast and moved
     (host work and a transfer per call). ``"sign"``: entries ``+-1/sqrt(k)`` from a counter-based integer hash
-    evaluated on ``device`` itself (cheap; what :class:`~actzip.memory.linear.SketchedLinear` uses by default).
+    evaluated on ``device`` itself (cheap; what
+    :class:`~actzip.memory.modules.sketched_linear.SketchedLinear` uses by default).
     """
     check_kind("sketch_matrix", kind)
     check_rank("sketch_matrix", k)

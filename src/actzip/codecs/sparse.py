@@ -25,9 +25,10 @@ other layouts come back contiguous.
 
 Two implementations make the same payloads, buffer for buffer, and decode each other's (option ``kernel``):
 this module's pure-PyTorch one, the reference every faster kernel is tested against, and the Triton kernels of
-:mod:`actzip.kernels.sparse` (encoded through :func:`actzip.kernels.sparse_encode.encode`). Both move bits only, never arithmetic on values. The PyTorch encoder
-synchronizes with the host once, to size the values buffer (twice with sign packing: the word count, read
-together with the sign check, then the value count); the Triton encoder once (all counts in one read).
+:mod:`actzip.kernels.sparse` (encoded through :func:`actzip.kernels.sparse_encode.encode`). Both move bits only,
+never arithmetic on values. The PyTorch encoder synchronizes with the host once, to size the values buffer
+(twice with sign packing: the word count, read together with the sign check, then the value count); the Triton
+encoder once (all counts in one read).
 """
 
 from __future__ import annotations

@@ -225,7 +225,7 @@ def quant_encode(
     ``(S, 1)``, ``S`` at least the row's length: a slice of a wider tensor), encoded as its rows one after another
     without a copy.
 
-    ``keys``: the two 32-bit keys of the random stream (``actzip.codecs.quant.stream_keys``), used with
+    ``keys``: the two 32-bit keys of the random stream (``actzip.codecs.counter_rng.stream_keys``), used with
     ``stochastic``. A group holding inf or NaN, or whose range overflows, gets zero codes and NaN parameters.
     ``tile``, ``warps``, ``group_threads``: the launch's shape (see :func:`geometry`; any gives the same bytes).
     No host synchronization.
@@ -244,8 +244,8 @@ def quant_encode(
         grid, word, consts = _encode_plan(n, flat.element_size(), bits, g, absmax, stochastic, in_bf16,
                                           row_stride > 0, tile, warps, group_threads)  # fmt: skip
         quant_encode_kernel[grid](
-            x, _words(codes, word), p0, p1, n, n_groups, signed_key(keys[0]), signed_key(keys[1]), row_groups, row_stride,
-            **consts,
+            x, _words(codes, word), p0, p1, n, n_groups, signed_key(keys[0]), signed_key(keys[1]), row_groups,
+            row_stride, **consts,
         )  # fmt: skip
     return {"codes": codes, "absmax": p0} if absmax else {"codes": codes, "lo": p0, "span": p1}
 

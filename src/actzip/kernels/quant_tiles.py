@@ -151,7 +151,7 @@ def bcast_rows(v):
 @triton.jit
 def random_bits(start, offs, key0, key1, NS: tl.constexpr, BG: tl.constexpr, CP: tl.constexpr, K: tl.constexpr,
                  WIDE: tl.constexpr):  # fmt: skip
-    """The codec's 15-bit random integers (``actzip.codecs.quant.round_bits``), one per element, in int32:
+    """The codec's 15-bit random integers (``actzip.codecs.counter_rng.round_bits``), one per element, in int32:
     one hash per pair of elements (elements ``2p`` and ``2p + 1``)."""
     pair, _ = tl.split(tl.reshape(offs, (NS, BG, CP, K // 2, 2)))
     pair = pair >> 1

@@ -2,15 +2,15 @@
 
 - :func:`relu_grad_kernel`: the gradient w.r.t. ``h`` from the gradient w.r.t. ``relu(h)`` (or
   ``relu(h)²``) and the payload, with no dense ``r`` in memory. Oracle:
-  :func:`actzip.memory.relu_mlp.relu_grad_from_payload`.
+  :func:`actzip.memory.modules.relu_mlp.relu_grad_from_payload`.
 - :func:`activation_kernel`: ``r`` or ``r²`` rebuilt from the payload in one pass (for the weight gradient
-  of the down projection). Oracle: :func:`actzip.memory.relu_mlp.activation_from_payload`.
+  of the down projection). Oracle: :func:`actzip.memory.modules.relu_mlp.activation_from_payload`.
 
 Both reproduce PyTorch's arithmetic exactly: for 16-bit floats PyTorch computes an elementwise product in
 float32 and rounds once to the storage type (round to nearest even), and so do these kernels; ``2 * r`` is
 exact. The threshold is ``r <= 0 -> 0`` as in ``threshold_backward`` (so NaN passes, -0.0 gives 0).
 
-A payload whose values an arena refused (see :mod:`actzip.memory.arena`) may be passed when nobody can ask
+A payload whose values an arena refused (see :mod:`actzip.memory.modules.arena`) may be passed when nobody can ask
 the host (a captured CUDA graph): the wrappers fold its device ``ok`` flag into the values base, and a
 negative base makes every program write NaN and read no value (the values were never written and may lie
 past the buffer's end). Gradients from such a payload are NaN, never silently wrong.

@@ -1,7 +1,7 @@
 """The one encoder of the sparse codec's format on the GPU: :func:`encode`, what the codec and the fused MLPs run.
 
 It encodes into a values buffer it allocates to fit (one host synchronization, to read the size), into a
-preallocated buffer, or into an :class:`~actzip.memory.arena.Arena`, the last two without any host
+preallocated buffer, or into an :class:`~actzip.memory.modules.arena.Arena`, the last two without any host
 synchronization. Either encoder below can apply a ReLU on the fly (``relu``: the input is the pre-activation
 ``h``; what is stored is ``relu(h)``) and write the activation the forward pass goes on with as it goes
 (``act``: ``relu(h)`` or ``relu(h)²``), so a fused MLP reads ``h`` and never materializes ``relu(h)`` next to
@@ -70,7 +70,7 @@ VALUE_MASK = tl.constexpr((1 << 61) - 1)
 # look-back alone went from 0.41 to 0.28 ms on 256M bf16 elements in tiles of 4096 (H200), the whole encode
 # from 0.79 to 0.75 ms.
 LOOKBACK = tl.constexpr(128)
-ONE_F32_BITS = tl.constexpr(0x3F800000)  # float32 1.0, as actzip.memory.arena.ONE_F32_BITS
+ONE_F32_BITS = tl.constexpr(0x3F800000)  # float32 1.0, as actzip.memory.modules.arena.ONE_F32_BITS
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -169,7 +169,7 @@ def encode_kernel(
     results ``[total, nnz, sign_set, ok, start]`` (see :class:`Encoded`). ``start_ptr``: int64, the byte
     offset of this payload's values in ``values``. With ``ARENA``, ``counters_ptr`` is the arena's int64
     ``[cursor, wanted, high_water, overflows, step_overflows, step_flag]`` (see
-    :mod:`actzip.memory.arena`) and values are written only below ``capacity`` elements; the last tile
+    :mod:`actzip.memory.modules.arena`) and values are written only below ``capacity`` elements; the last tile
     reserves ``total`` (16-byte aligned) or counts the refusal and raises the step flag. ``ROW``: the tile is
     handled as ``[T // ROW, ROW]``; with ``ROW`` 8 a thread holds whole mask bytes, with 2 neighbouring
     lanes hold neighbouring elements, so one store instruction of the compacted values covers one short,
@@ -286,7 +286,7 @@ def encode(
       ``values_offset`` (a one-element int64 device tensor: where this payload's values start in ``values``, in
       its elements), one the caller knows to hold ``values_offset + total`` elements (not checked: that would
       synchronize). No host synchronization;
-    - ``arena``, an :class:`~actzip.memory.arena.Arena`: into its buffer at its cursor, written only if they fit
+    - ``arena``, an :class:`~actzip.memory.modules.arena.Arena`: into its buffer at its cursor, written only if they fit
       (``ok``). No host synchronization.
 
     ``relu=True``: encode ``relu(src)`` instead, and with ``act="relu"`` or ``"relu2"`` also return

@@ -19,13 +19,19 @@ import functools
 import inspect
 
 import torch
-from peft.tuners.lora import layer as lora_layer
-from peft.tuners.lora.layer import LoraLayer
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
 from actzip.api import CompressReport, FilterFn, add_undo, walk
-from actzip.errors import ConfigError
+from actzip.errors import ConfigError, MissingDependencyError
+
+try:  # peft (and the transformers it needs) are optional: only this module, loaded on first use, needs them
+    from peft.tuners.lora import layer as lora_layer
+    from peft.tuners.lora.layer import LoraLayer
+    from transformers.pytorch_utils import Conv1D
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise MissingDependencyError(
+        f"LoRAConfig on peft models needs peft and transformers ({e}): pip install 'actzip[hf]'"
+    ) from e
 from actzip.memory.lora.config import LoRAConfig
 from actzip.memory.lora.function import lora_linear
 from actzip.memory.lora.rows import row_mask
