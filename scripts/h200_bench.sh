@@ -19,7 +19,8 @@
 #   wire-4800-dense and wire-4800-stiefel (4800 steps, one alone per call), wire-long-context (anchors that
 #   embed the token before each position too, and dense plus the same anchors), wire-long-context-seed1 and
 #   wire-long-context-16x (the same under seed 1; about 16x with those anchors), wire-long-context-16x-seed1,
-#   wire-longest-context (2400 steps of the 107x entry with those anchors, and of its control)
+#   wire-longest-context (2400 steps of the 107x entry with those anchors, and of its control), recheck-memory,
+#   recheck-cache and recheck-wire (short subsets of earlier runs, to compare with them)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -50,6 +51,21 @@ for stage in $stages; do
   echo "== $stage $(date -u +%H:%M:%S)"
   case $stage in
     tests) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -15 | tee "$out/tests.txt" ;;
+    # a short subset of the FFN, GPT, cache and wire benchmarks, each as a committed run measured it: the same
+    # figures after a change of the code's shape (recheck-wire: the seed-1 300-step dense and stiefel:16 runs)
+    recheck-memory)
+      for density in mid low; do
+        az bench ffn --d 4096 --rows 16384 --density $density --rounds 6 --json "$out/recheck-ffn-$density.json" | tail -12
+      done
+      az bench gpt --seq-lens 4096,8192 --loss-chunk 1024 \
+        --strategies none,fused-arena,fused-arena-signpack,fused-arena-rebuild,fused-arena-rebuild-ln2 \
+        --json "$out/recheck-gpt-chunk1024.json" ;;
+    recheck-cache)
+      az bench cache --models gpt-gelu,llama-swiglu --loss-chunk 1024 --strategies none,4bit,sketch-d8 --rounds 8 \
+        --json "$out/recheck-cache-chunk1024.json" ;;
+    recheck-wire)
+      az bench wire "${wire300[@]}" --seed 1 --compressors dense@1.5e-4,stiefel:16@7e-5 \
+        --json "$out/recheck-wire-seed1.json" ;;
     kernels) az bench kernels --json "$out/kernels.json" ;;
     ffn)
       for d in 4096 768; do for rows in 4096 8192 16384 32768; do for density in mid low; do
