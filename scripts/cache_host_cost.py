@@ -35,7 +35,7 @@ def main() -> None:
     QuantCodec.uses_triton = lambda self, *args: True
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = GPT(GPTConfig.preset("tiny", activation="gelu", n_layer=4))
+    model = GPT(GPTConfig.of_size("tiny", activation="gelu", n_layer=4))
     idx = torch.randint(0, 256, (1, 17))
     x, y = idx[:, :-1], idx[:, 1:]
     four = CacheContext(rules=preset_rules("4bit", min_bytes=0))

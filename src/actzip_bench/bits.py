@@ -46,7 +46,7 @@ def run_bits(cfg: BitsBenchConfig, device: torch.device, progress=None) -> dict:
 
     torch.manual_seed(0)
     corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
-    model = GPT(GPTConfig.preset(cfg.preset, activation="relu2")).to(device)
+    model = GPT(GPTConfig.of_size(cfg.preset, activation="relu2")).to(device)
     opt = model.configure_optimizer(lr=cfg.lr)
     g = torch.Generator().manual_seed(0)
     block = model.config.block_size

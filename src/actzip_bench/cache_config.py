@@ -37,7 +37,7 @@ class CacheBenchConfig:
 
     models: tuple[str, ...] = MODELS  # subset of MODELS
     strategies: tuple[str, ...] = STRATEGIES  # subset of KNOWN_STRATEGIES; must hold "none" (the reference)
-    gpt_preset: str = "gpt2-124m"  # reference GPT size (GPTConfig preset); the Llama takes its width/depth/heads
+    gpt_preset: str = "gpt2-124m"  # reference GPT size (GPTConfig.of_size); the Llama takes its width/depth/heads
     llama_ffn_ratio: float = 8 / 3  # Llama intermediate size = ratio x width, rounded up to a multiple of 32
     llama_kv_heads: int | None = None  # Llama key/value heads (None: one per query head, as in Llama-2 7B)
     vocab_size: int | None = None  # None: each model's own (GPT preset's, 50304 for gpt2-124m; Llama 32000)

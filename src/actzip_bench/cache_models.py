@@ -31,7 +31,7 @@ def _gpt(name: str, cfg: CacheBenchConfig) -> BenchModel:
     from actzip_bench.models import GPT, GPTConfig
 
     over = {"vocab_size": cfg.vocab_size} if cfg.vocab_size else {}
-    gc_ = GPTConfig.preset(cfg.gpt_preset, activation=name.split("-", 1)[1], block_size=cfg.seq_len,
+    gc_ = GPTConfig.of_size(cfg.gpt_preset, activation=name.split("-", 1)[1], block_size=cfg.seq_len,
                            loss_chunk=cfg.loss_chunk, **over)
     model = GPT(gc_)
 
@@ -50,7 +50,7 @@ def _llama(cfg: CacheBenchConfig) -> BenchModel:
         raise ConfigError(f"cache bench: the llama-swiglu model needs transformers ({e})") from None
     from actzip_bench.models import GPTConfig
 
-    g = GPTConfig.preset(cfg.gpt_preset)
+    g = GPTConfig.of_size(cfg.gpt_preset)
     ffn = 32 * math.ceil(cfg.llama_ffn_ratio * g.n_embd / 32)
     kv = cfg.llama_kv_heads or g.n_head
     if g.n_head % kv:

@@ -73,7 +73,7 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
     runs = []
     for seq in cfg.seq_lens:
         torch.manual_seed(0)
-        model = GPT(GPTConfig.preset(cfg.preset, block_size=seq, loss_chunk=cfg.loss_chunk))
+        model = GPT(GPTConfig.of_size(cfg.preset, block_size=seq, loss_chunk=cfg.loss_chunk))
         model = model.to(device=device, dtype=getattr(torch, cfg.dtype))
         opt = model.configure_optimizer(lr=1e-4)
         plain = [b.mlp for b in model.h]

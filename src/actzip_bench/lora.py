@@ -119,13 +119,14 @@ class LoRABenchConfig:
             raise ConfigError(f"lora bench: steps ({self.steps}) must exceed warmup ({self.warmup})")
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> LoRABenchConfig:
-        if name not in PRESETS:
-            raise ConfigError(f"lora bench: config {name!r} is unknown; choose one of {list(PRESETS)}")
-        return replace(PRESETS[name], **overrides)
+    def named(cls, name: str, **overrides) -> LoRABenchConfig:
+        """One of :data:`NAMED_CONFIGS` ("quick", ...), with fields replaced by ``overrides``."""
+        if name not in NAMED_CONFIGS:
+            raise ConfigError(f"lora bench: config {name!r} is unknown; choose one of {list(NAMED_CONFIGS)}")
+        return replace(NAMED_CONFIGS[name], **overrides)
 
 
-PRESETS = {
+NAMED_CONFIGS = {
     # ~1-2 minutes on an idle 2-core CPU: the whole pipeline, too small to learn the task or to say much on memory
     "quick": LoRABenchConfig(methods=(*METHODS, "care+8"), pretrain_steps=100, steps=40, threads=1,
                              task=SnippetTaskConfig(train_size=1024, test_size=256)),

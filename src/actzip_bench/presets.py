@@ -29,7 +29,7 @@ SKETCH = "sketch-d8"  # the unbiased rank-d/8 sketch of every linear input but t
 
 @dataclass
 class PresetBenchConfig:
-    model: str = "tiny"  # GPTConfig preset
+    model: str = "tiny"  # model size (GPTConfig.of_size)
     # GELU exercises the nonlinear-input rules; relu2 the sparse ones; swiglu: an HF LlamaForCausalLM of the GPT
     # preset's width, depth and sequence length, byte vocabulary, built from a local config
     activation: str = "gelu"
@@ -57,8 +57,8 @@ def _val_loss(model, loss_fn, block: int, corpus: Corpus, cfg: PresetBenchConfig
 
 def _build(cfg: PresetBenchConfig, device: torch.device):
     """The model, its loss ``(x, y) -> scalar``, an optimizer factory and the sequence length."""
-    gcfg = GPTConfig.preset(cfg.model) if cfg.activation == "swiglu" else \
-        GPTConfig.preset(cfg.model, activation=cfg.activation)
+    gcfg = GPTConfig.of_size(cfg.model) if cfg.activation == "swiglu" else \
+        GPTConfig.of_size(cfg.model, activation=cfg.activation)
     torch.manual_seed(0)
     if cfg.activation == "swiglu":
         from actzip_bench.cache_config import CacheBenchConfig

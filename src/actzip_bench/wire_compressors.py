@@ -44,7 +44,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 @dataclass
 class WireStudyConfig:
-    model: str = "small"  # GPTConfig preset
+    model: str = "small"  # model size (GPTConfig.of_size)
     block_size: int | None = 64  # override of the preset's sequence length (None: the preset's)
     n_stages: int = 4  # pipeline stages (boundaries = n_stages - 1)
     # Runs: "compressor@ratio", optionally "+bf16" (bfloat16 code and gradient) and ",field=value" overrides.
@@ -104,7 +104,7 @@ def parse_run(spec: str) -> tuple[str, float, dict]:
 
 def _gpt_config(cfg: WireStudyConfig) -> GPTConfig:
     extra = {} if cfg.block_size is None else {"block_size": cfg.block_size}
-    return GPTConfig.preset(cfg.model, **extra)
+    return GPTConfig.of_size(cfg.model, **extra)
 
 
 def _val_loss(stages, corpus: Corpus, cfg: WireStudyConfig, block: int, n: int) -> float:

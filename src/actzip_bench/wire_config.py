@@ -30,7 +30,7 @@ QUICK = {"model": "tiny", "n_embd": 128, "n_head": 4, "n_layer": 2, "block_size"
 class WireBenchConfig:
     """What ``actzip bench wire`` trains and measures."""
 
-    model: str = "small"  # GPTConfig preset
+    model: str = "small"  # model size (GPTConfig.of_size)
     n_layer: int | None = None  # override the preset's blocks (None: keep)
     n_embd: int | None = None  # override the preset's width
     n_head: int | None = None  # override the preset's heads
@@ -118,7 +118,7 @@ class WireBenchConfig:
     def gpt_config(self) -> GPTConfig:
         over = {k: getattr(self, k) for k in ("n_layer", "n_embd", "n_head", "block_size")
                 if getattr(self, k) is not None}
-        return GPTConfig.preset(self.model, **over)
+        return GPTConfig.of_size(self.model, **over)
 
 
 def parse_entry(entry: str) -> tuple[str, float]:

@@ -78,12 +78,12 @@ def test_config_errors():
     with pytest.raises(ConfigError, match="'lora'"):
         LoRABenchConfig(methods=("care",))
     with pytest.raises(ConfigError, match="unknown"):
-        LoRABenchConfig.preset("a100")
+        LoRABenchConfig.named("a100")
     with pytest.raises(ConfigError, match="seeds"):
         LoRABenchConfig(seeds=0)
     with pytest.raises(ConfigError, match="lr_schedule"):
         LoRABenchConfig(lr_schedule="linear")
-    assert LoRABenchConfig.preset("h200").dtype == "bfloat16"
+    assert LoRABenchConfig.named("h200").dtype == "bfloat16"
 
 
 def test_lr_schedule_warms_up_and_decays_to_a_tenth():

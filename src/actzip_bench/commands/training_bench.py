@@ -51,7 +51,7 @@ def _bench_lora(args: argparse.Namespace) -> int:
     given = config_from_args(LoRABenchConfig, args)  # only to parse and check the options given
     overrides = {k: getattr(given, k) for k in vars(args) if k in LoRABenchConfig.__dataclass_fields__
                  and k != "name" and getattr(args, k) is not None}
-    cfg = LoRABenchConfig.preset(args.config, **overrides)
+    cfg = LoRABenchConfig.named(args.config, **overrides)
     device = device_from_args(args)
     console = Console()
     console.print(f"[bold]LoRA fine-tuning[/] ({cfg.name}): Llama d={cfg.hidden} x {cfg.layers} layers, {cfg.dtype}, "

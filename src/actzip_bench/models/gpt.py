@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from actzip.memory.cache.rebuild import rebuild_saved, recompute
 
+from actzip.compat import warn_once
 from actzip.errors import ConfigError
 
 __all__ = ["GPTConfig", "CausalSelfAttention", "MLP", "Block", "GPT", "ACTIVATIONS"]
@@ -38,7 +39,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 # Named sizes; every other field keeps its default unless overridden.
-_PRESETS: dict[str, dict[str, Any]] = {
+SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=64),  # seconds on a CPU, for tests
     "small": dict(n_layer=4, n_head=4, n_embd=256, block_size=128),
     "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
@@ -102,15 +103,21 @@ class GPTConfig:
             raise ConfigError(f"GPTConfig.dropout must be a float in [0, 1), got {self.dropout!r}")
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "GPTConfig":
-        """A named configuration ("tiny", "small", "gpt2-124m", "d4096x4"), with fields replaced by ``overrides``."""
-        if name not in _PRESETS:
-            raise ConfigError(f"GPTConfig preset {name!r} is unknown; known presets: {sorted(_PRESETS)}")
+    def of_size(cls, name: str, **overrides: Any) -> "GPTConfig":
+        """A model size by name ("tiny", "small", "gpt2-124m", "d4096x4"), with fields replaced by ``overrides``."""
+        if name not in SIZES:
+            raise ConfigError(f"GPTConfig size {name!r} is unknown; known sizes: {sorted(SIZES)}")
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - fields)
         if unknown:
-            raise ConfigError(f"GPTConfig has no field(s) {unknown} (override of preset {name!r})")
-        return cls(**{**_PRESETS[name], **overrides})
+            raise ConfigError(f"GPTConfig has no field(s) {unknown} (override of size {name!r})")
+        return cls(**{**SIZES[name], **overrides})
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "GPTConfig":
+        """Deprecated name of :meth:`of_size` ("preset" now means only an activation-cache preset)."""
+        warn_once("GPTConfig.preset", "GPTConfig.of_size")
+        return cls.of_size(name, **overrides)
 
     @property
     def head_dim(self) -> int:

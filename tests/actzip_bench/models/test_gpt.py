@@ -9,7 +9,7 @@ from actzip_bench.models import GPT, MLP, GPTConfig
 
 
 def tiny(**overrides) -> GPTConfig:
-    return GPTConfig.preset("tiny", **overrides)
+    return GPTConfig.of_size("tiny", **overrides)
 
 
 def batch(config: GPTConfig, B: int = 2, T: int | None = None, seed: int = 0):
@@ -24,16 +24,16 @@ def batch(config: GPTConfig, B: int = 2, T: int | None = None, seed: int = 0):
 
 
 def test_presets_set_documented_sizes():
-    t = GPTConfig.preset("tiny")
+    t = GPTConfig.of_size("tiny")
     assert (t.n_layer, t.n_head, t.n_embd, t.block_size, t.vocab_size) == (2, 2, 64, 64, 256)
-    s = GPTConfig.preset("small")
+    s = GPTConfig.of_size("small")
     assert (s.n_layer, s.n_head, s.n_embd, s.block_size) == (4, 4, 256, 128)
-    g = GPTConfig.preset("gpt2-124m")
+    g = GPTConfig.of_size("gpt2-124m")
     assert (g.n_layer, g.n_head, g.n_embd, g.block_size, g.vocab_size) == (12, 12, 768, 1024, 50304)
-    w = GPTConfig.preset("d4096x4")
+    w = GPTConfig.of_size("d4096x4")
     assert (w.n_layer, w.n_head, w.n_embd, w.vocab_size) == (4, 32, 4096, 50304)
-    assert GPTConfig.preset("tiny", activation="gelu", n_layer=3).activation == "gelu"
-    assert GPTConfig.preset("tiny", n_layer=3).n_layer == 3
+    assert GPTConfig.of_size("tiny", activation="gelu", n_layer=3).activation == "gelu"
+    assert GPTConfig.of_size("tiny", n_layer=3).n_layer == 3
 
 
 @pytest.mark.parametrize(
@@ -54,13 +54,13 @@ def test_bad_config_field_raises_config_error_naming_it(kwargs, field):
 
 def test_unknown_preset_lists_known_ones():
     with pytest.raises(ConfigError, match="gpt2-124m") as info:
-        GPTConfig.preset("huge")
+        GPTConfig.of_size("huge")
     assert "huge" in str(info.value) and "tiny" in str(info.value)
 
 
 def test_preset_rejects_unknown_override():
     with pytest.raises(ConfigError, match="n_layers"):
-        GPTConfig.preset("tiny", n_layers=3)
+        GPTConfig.of_size("tiny", n_layers=3)
 
 
 # ---- forward / backward ---------------------------------------------------------------------------
@@ -240,8 +240,8 @@ def test_few_adamw_steps_reduce_loss_on_repeated_batch():
 
 def test_chunked_loss_matches_the_plain_head():
     torch.manual_seed(0)
-    plain = GPT(GPTConfig.preset("tiny"))
-    chunked = GPT(GPTConfig.preset("tiny", loss_chunk=48))
+    plain = GPT(GPTConfig.of_size("tiny"))
+    chunked = GPT(GPTConfig.of_size("tiny", loss_chunk=48))
     chunked.load_state_dict(plain.state_dict())
     idx, targets = torch.randint(0, 256, (3, 64)), torch.randint(0, 256, (3, 64))
     logits, loss = plain(idx, targets)
@@ -266,7 +266,7 @@ def test_rebuild_saved_gives_identical_grads_and_keeps_less(activation, targets,
     from actzip.memory.cache import CacheContext as ActivationCache
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig.preset("tiny", activation=activation))
+    model = GPT(GPTConfig.of_size("tiny", activation=activation))
     idx = torch.randint(0, 256, (2, 33))
     x, y = idx[:, :-1], idx[:, 1:]
     runs = {}
@@ -293,9 +293,28 @@ def test_rebuild_saved_stands_aside_inside_checkpointed_blocks():
     from actzip.memory.cache import CacheContext as ActivationCache
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig.preset("tiny", checkpoint_blocks=True, rebuild_saved=True))
+    model = GPT(GPTConfig.of_size("tiny", checkpoint_blocks=True, rebuild_saved=True))
     idx = torch.randint(0, 256, (2, 33))
     with ActivationCache.count_only() as cache:
         _, loss = model(idx[:, :-1], idx[:, 1:])
     loss.backward()
     assert "rebuilt" not in cache.last.by_rule  # the checkpoint keeps nothing of a block: nothing to rebuild
+
+
+def test_size_by_name_and_its_old_name():
+    import warnings
+
+    from actzip import compat
+
+    cfg = GPTConfig.of_size("tiny", dropout=0.1)
+    assert (cfg.n_layer, cfg.n_embd, cfg.dropout) == (2, 64, 0.1)
+    with pytest.raises(ConfigError, match="size 'huge' is unknown"):
+        GPTConfig.of_size("huge")
+    compat.warned.discard("GPTConfig.preset")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert GPTConfig.preset("tiny") == GPTConfig.of_size("tiny")
+        GPTConfig.preset("tiny")
+    assert [str(w.message) for w in caught if w.category is FutureWarning] == [
+        "GPTConfig.preset is deprecated and will be removed in the next release; use GPTConfig.of_size"
+    ]

@@ -13,7 +13,7 @@ from actzip_bench.data import Corpus
 from actzip_bench.models import GPT, GPTConfig
 from actzip_bench.models.gpt_stages import build_gpt_stages, gpt_boundary_config
 
-TINY = GPTConfig.preset("tiny")
+TINY = GPTConfig.of_size("tiny")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see tests/conftest.py
@@ -30,7 +30,7 @@ def _idx(b=2, t=16):
 
 @pytest.mark.parametrize(
     "cfg,n_stages",
-    [(TINY, 1), (TINY, 2), (GPTConfig.preset("tiny", n_layer=5), 3), (GPTConfig.preset("tiny", bias=True), 2)],
+    [(TINY, 1), (TINY, 2), (GPTConfig.of_size("tiny", n_layer=5), 3), (GPTConfig.of_size("tiny", bias=True), 2)],
 )
 def test_dense_stages_match_the_unsplit_model_bit_for_bit(cfg, n_stages):
     state = torch.get_rng_state()
@@ -84,7 +84,7 @@ def test_every_boundary_trains(boundary, corpus):
 
 
 def test_subspace_boundary_lies_in_span_u_and_is_rebuilt(corpus):
-    cfg = GPTConfig.preset("tiny", n_layer=3)
+    cfg = GPTConfig.of_size("tiny", n_layer=3)
     stages = build_gpt_stages(cfg, 3, "subspace", ratio=32)
     _train(stages, corpus, 5)  # trained weights, not only the initial ones
     seen = {}
@@ -187,7 +187,7 @@ def test_build_gpt_stages_rejects_bad_arguments(kwargs, match):
 
 
 def test_boundary_config_maps_ratio_to_width():
-    small = GPTConfig.preset("small")
+    small = GPTConfig.of_size("small")
     assert gpt_boundary_config("subspace", small, 100).width == 2  # 10.24 bytes - 1 byte of ids
     assert gpt_boundary_config("bottleneck:16", small).width == 16
     rvq = gpt_boundary_config("stiefel-rvq", small, 100).rvq
@@ -195,7 +195,7 @@ def test_boundary_config_maps_ratio_to_width():
     assert gpt_boundary_config("stiefel", small, 16, anchor_rank=0).width == 16
     over = gpt_boundary_config("stiefel-rvq:100", small, width=8, rvq_levels=4)
     assert (over.width, over.rvq.dim, over.rvq.levels) == (8, 8, 4)
-    big = GPTConfig.preset("small", vocab_size=50304)  # two bytes per token id
+    big = GPTConfig.of_size("small", vocab_size=50304)  # two bytes per token id
     assert gpt_boundary_config("stiefel:100", big).vocab_size == 50304
 
 

@@ -177,7 +177,7 @@ def test_under_torch_compile_gradients_match():
 
 @pytest.mark.parametrize("activation", ["relu2", "relu", "gelu"])
 def test_reference_gpt_gradients_bit_identical(activation):
-    cfg = GPTConfig.preset("tiny", activation=activation)
+    cfg = GPTConfig.of_size("tiny", activation=activation)
     model = GPT(cfg)
     idx = torch.randint(0, 256, (4, cfg.block_size))
     tgt = torch.randint(0, 256, (4, cfg.block_size))

@@ -30,7 +30,7 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("activation", ["relu2", "relu"])
 def test_reference_gpt(activation):
-    cfg = GPTConfig.preset("tiny", activation=activation)
+    cfg = GPTConfig.of_size("tiny", activation=activation)
     ref = GPT(cfg)
     model = copy.deepcopy(ref)
     report = compress_(model, SparseMLPConfig())
@@ -47,11 +47,11 @@ def test_reference_gpt(activation):
 
 def test_gelu_gpt_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match=r"h\.0\.mlp: activation .* is not relu or relu2"):
-        compress_(GPT(GPTConfig.preset("tiny", activation="gelu")), SparseMLPConfig())
+        compress_(GPT(GPTConfig.of_size("tiny", activation="gelu")), SparseMLPConfig())
 
 
 def test_filter_fn_and_report():
-    model = GPT(GPTConfig.preset("tiny"))
+    model = GPT(GPTConfig.of_size("tiny"))
     report = compress_(model, SparseMLPConfig(), filter_fn=lambda m, name: name.startswith("h.0."))
     assert [n for n, _ in report.swapped] == ["h.0.mlp"] and len(report) == 1
     assert ("h.1.mlp", "excluded by filter_fn") in report.skipped
@@ -69,7 +69,7 @@ def test_bad_config():
 
 
 def test_cache_bytes_drop_on_the_swapped_gpt():
-    cfg = GPTConfig.preset("tiny")
+    cfg = GPTConfig.of_size("tiny")
     ref = GPT(cfg)
     model = copy.deepcopy(ref)
     compress_(model, SparseMLPConfig(codec_options={"sign_pack": True}))
@@ -137,7 +137,7 @@ def test_top_level_alias():
 
 
 def test_restore_gives_back_the_mlps_with_their_trained_parameters():
-    cfg = GPTConfig.preset("tiny")
+    cfg = GPTConfig.of_size("tiny")
     model = GPT(cfg)
     ref = copy.deepcopy(model)
     compress_(model, SparseMLPConfig())
@@ -241,7 +241,7 @@ def test_arena_options_are_checked_and_serialized():
     with pytest.raises(ConfigError, match="cannot be serialized"):
         SparseMLPConfig(arena=Arena(device="cpu")).to_dict()
     with pytest.raises(ConfigError, match="no fused MLP of GPT uses an arena"):
-        arena_of(GPT(GPTConfig.preset("tiny")))
+        arena_of(GPT(GPTConfig.of_size("tiny")))
 
 
 def _train(model, steps, idx, retain=False):
@@ -255,7 +255,7 @@ def _train(model, steps, idx, retain=False):
 
 @pytest.mark.parametrize("device", ARENA_DEVICES)
 def test_auto_arena_needs_no_reset_and_stays_exact(device):
-    cfg = GPTConfig.preset("tiny", block_size=16)
+    cfg = GPTConfig.of_size("tiny", block_size=16)
     ref = GPT(cfg).to(device)
     model = copy.deepcopy(ref)
     report = compress_(model, SparseMLPConfig(arena="auto", codec_options={"tile_size": 256}))
@@ -282,7 +282,7 @@ def test_a_given_arena_is_shared_and_a_stale_payload_is_recomputed(device):
     from actzip.memory.modules import Arena
     from actzip.memory.modules import relu_mlp
 
-    cfg = GPTConfig.preset("tiny", block_size=16)
+    cfg = GPTConfig.of_size("tiny", block_size=16)
     ref = GPT(cfg).to(device)
     model = copy.deepcopy(ref)
     arena = Arena(1 << 20, device=device)

@@ -16,7 +16,7 @@ from actzip.wire.transport import HEADER_BYTES
 from actzip_bench.models import GPT, GPTConfig
 from actzip_bench.models.gpt_stages import build_gpt_stages, stage_layers
 
-CFG = GPTConfig.preset("tiny", n_layer=3, tie_weights=False, dropout=0.0)
+CFG = GPTConfig.of_size("tiny", n_layer=3, tie_weights=False, dropout=0.0)
 
 
 def batch(seed=0, b=4, t=16):
@@ -333,7 +333,7 @@ def test_a_codebook_desync_is_recovered_by_the_runner():
 
     from actzip.wire import pipeline
 
-    cfg = GPTConfig.preset("tiny", n_layer=2, dropout=0.0)
+    cfg = GPTConfig.of_size("tiny", n_layer=2, dropout=0.0)
     stages = build_gpt_stages(cfg, 2, "stiefel-rvq:100", rvq_sync_every=1)
     pipe = Pipeline(stages, PipelineConfig(microbatches=2))
     x, y = batch(b=4, t=16)
