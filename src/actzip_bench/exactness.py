@@ -7,7 +7,11 @@ two modes:
 
 - ``default``: the kernels PyTorch picks (on CUDA: flash / memory-efficient attention, cuBLAS defaults);
 - ``deterministic``: ``torch.use_deterministic_algorithms(True, warn_only=True)`` with the math attention
-  backend; the warnings PyTorch gives for ops that have no deterministic implementation are recorded.
+  backend; the warnings PyTorch gives for ops that have no deterministic implementation are recorded;
+- ``deterministic-algorithms`` and ``math-attention``: each of the two alone, to tell which one matters.
+
+On CUDA, deterministic cuBLAS also needs ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` in the environment before CUDA
+starts; the record says whether it was set.
 
 Two plain runs that differ show the device's own run-to-run noise; a lossless path is exact where it matches
 the plain run as closely as a second plain run does, and bit-identical where the plain runs are.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import warnings
 from contextlib import ExitStack
@@ -30,7 +35,7 @@ from actzip_bench.harness import machine_record
 from actzip_bench.models import GPT, GPTConfig
 
 VARIANTS = ("plain", "plain-again", "cache", "fused")
-MODES = ("default", "deterministic")
+MODES = ("default", "deterministic", "deterministic-algorithms", "math-attention")
 
 
 def _grads(model: GPT, idx: torch.Tensor, targets: torch.Tensor, variant: str) -> dict[str, torch.Tensor]:
@@ -67,9 +72,10 @@ def run(size: str, batch: int, seq: int, dtype: str, device: torch.device, seed:
         was = torch.are_deterministic_algorithms_enabled()
         with ExitStack() as stack, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            if mode == "deterministic":
+            if mode in ("deterministic", "deterministic-algorithms"):
                 torch.use_deterministic_algorithms(True, warn_only=True)
                 stack.callback(torch.use_deterministic_algorithms, was)
+            if mode in ("deterministic", "math-attention"):
                 stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
             ref = _grads(plain, idx, targets, "plain")
             rows = {v: compare(ref, _grads(fused if v == "fused" else plain, idx, targets, v)) for v in VARIANTS[1:]}
@@ -77,7 +83,8 @@ def run(size: str, batch: int, seq: int, dtype: str, device: torch.device, seed:
                                                       if "deterministic" in str(w.message)})
         out[mode] = rows
     return {"config": {"size": size, "batch": batch, "seq": seq, "dtype": dtype, "seed": seed,
-                       "activation": "relu2"}, "modes": out}
+                       "activation": "relu2",
+                       "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}, "modes": out}
 
 
 def main(argv: list[str] | None = None) -> int:
