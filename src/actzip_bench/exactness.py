@@ -8,7 +8,9 @@ two modes:
 - ``default``: the kernels PyTorch picks (on CUDA: flash / memory-efficient attention, cuBLAS defaults);
 - ``deterministic``: ``torch.use_deterministic_algorithms(True, warn_only=True)`` with the math attention
   backend; the warnings PyTorch gives for ops that have no deterministic implementation are recorded;
-- ``deterministic-algorithms`` and ``math-attention``: each of the two alone, to tell which one matters.
+- ``deterministic-algorithms`` and ``math-attention``: each of the two alone, to tell which one matters;
+- ``deterministic-strict``: ``torch.use_deterministic_algorithms(True)`` (errors, not warnings), under which
+  cuDNN attention picks a deterministic backward.
 
 On CUDA, deterministic cuBLAS also needs ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` in the environment before CUDA
 starts; the record says whether it was set.
@@ -35,7 +37,7 @@ from actzip_bench.harness import machine_record
 from actzip_bench.models import GPT, GPTConfig
 
 VARIANTS = ("plain", "plain-again", "cache", "fused")
-MODES = ("default", "deterministic", "deterministic-algorithms", "math-attention")
+MODES = ("default", "deterministic", "deterministic-algorithms", "math-attention", "deterministic-strict")
 
 
 def _grads(model: GPT, idx: torch.Tensor, targets: torch.Tensor, variant: str) -> dict[str, torch.Tensor]:
@@ -74,6 +76,9 @@ def run(size: str, batch: int, seq: int, dtype: str, device: torch.device, seed:
             warnings.simplefilter("always")
             if mode in ("deterministic", "deterministic-algorithms"):
                 torch.use_deterministic_algorithms(True, warn_only=True)
+                stack.callback(torch.use_deterministic_algorithms, was)
+            if mode == "deterministic-strict":
+                torch.use_deterministic_algorithms(True)
                 stack.callback(torch.use_deterministic_algorithms, was)
             if mode in ("deterministic", "math-attention"):
                 stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
