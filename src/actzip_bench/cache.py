@@ -35,7 +35,11 @@ Measured per model and strategy:
   activation bytes autograd keeps (parameters and inputs excluded; a sketch counts its ``x S``). With
   ``loss_chunk=0`` the loss head's float32 log-softmax output (``tokens x vocab``, kept by every strategy) is
   reported on its own (``head_bytes``), so the ratio over the rest can be read too;
-- gradient error: in the same probe step, ``|g - g_none| / |g_none|`` over all parameters, and the cosine;
+- gradient error: in the same probe step, ``|g - g_none| / |g_none|`` over all parameters, the cosine, and
+  whether every gradient is bit-identical to ``none``'s. The probe steps run under
+  ``torch.use_deterministic_algorithms(True)`` (so cuDNN attention takes its deterministic backward): without
+  it two plain runs on an H200 already differ (``results/h200/exactness/``), and a lossless strategy could not
+  be told from noise;
 - step time: forward + backward + AdamW step, CUDA events, median over ``rounds`` after ``warmup``, the
   strategies interleaved round-robin (:func:`actzip_bench.harness.run_interleaved`); the timed steps of
   ``none``, ``checkpoint`` and ``sketch-d8`` run with no cache at all;
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 from dataclasses import asdict
 
 import torch
@@ -90,10 +95,15 @@ def _probe(strategies: dict[str, Strategy], model: BenchModel, x, y, tokens: int
         cache = CacheContext(rules=[Rule(f"observe {HEAD}", observe), *rules])
         for _, p in params:
             p.grad = None
-        with s:
-            with s.forward_context(cache):
-                loss = model.loss(x, y)
-            loss.backward()
+        was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            with s:
+                with s.forward_context(cache):
+                    loss = model.loss(x, y)
+                loss.backward()
+        finally:
+            torch.use_deterministic_algorithms(was)
         acc = cache.last
         rec = {"bytes_dense": acc.bytes_before, "bytes_saved": acc.bytes_after, "head_bytes": sum(head),
                "duplicates": acc.duplicates, "probe_loss": float(loss.detach()),
@@ -109,9 +119,12 @@ def _probe(strategies: dict[str, Strategy], model: BenchModel, x, y, tokens: int
                 sums += torch.stack([((b - a) ** 2).sum(), (a * a).sum(), (a * b).sum(), (b * b).sum()]).double()
             num, den, dot, nrm = sums.tolist()
             rec["grad_rel_error"] = math.sqrt(num / den) if den else None
+            rec["grad_bit_identical"] = bool(ref) and all(
+                (g0 is None) == (p.grad is None) and (g0 is None or torch.equal(g0, p.grad))
+                for (_, p), g0 in zip(params, ref))
             rec["grad_cosine"] = dot / math.sqrt(den * nrm) if den and nrm else None
         out[name] = rec
-    out["none"].update(grad_rel_error=0.0, grad_cosine=1.0)
+    out["none"].update(grad_rel_error=0.0, grad_cosine=1.0, grad_bit_identical=True)
     for _, p in params:
         p.grad = None
     return out
@@ -183,6 +196,8 @@ def run_cache(cfg: CacheBenchConfig, device: torch.device, progress=None) -> dic
     from actzip_bench.data import Corpus
     from actzip.kernels import runtime
 
+    # deterministic cuBLAS for the probe steps needs this before the first cuBLAS call (ignored on the CPU)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
     before = runtime.fallback_counts()
     models = []
