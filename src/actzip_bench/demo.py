@@ -8,7 +8,9 @@ Strategies, trained in lockstep from the same weights on the same batches:
 
 Every strategy runs under an activation cache that at least counts, so saved bytes are counted the same
 way for all (distinct tensors, parameters and inputs excluded). Each step the strategies run in a rotating
-order, and every gradient is compared with the ``none`` run's gradient of the same step.
+order, and every gradient is compared with the ``none`` run's gradient of the same step: a strategy is
+reported lossless only when all its gradients of every step are bit-identical (``torch.equal``) to those
+and its final loss equals the reference's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -82,12 +85,12 @@ class StrategyRun:
     """One strategy's measurements (the demo's JSON record)."""
 
     strategy: str
-    lossless: bool  # lossless by construction (every strategy of the demo is)
+    lossless: bool  # measured: every gradient torch.equal to "none"'s at every step, and the same final loss
     saved_bytes_per_token: float  # activation bytes autograd keeps per token, mean over steps
     peak_bytes: int | None  # peak device memory of a step as if run alone (weights, optimizer, activations); CUDA only
     step_time_s: float  # median wall time of forward + backward + optimizer step after warm-up
     final_loss: float  # training loss at the last step
-    max_grad_abs_diff: float  # largest |grad - grad of "none"| over every parameter and step
+    max_grad_abs_diff: float  # largest |grad - grad of "none"| over every parameter and step (NaN if any is NaN)
     losses: list[float] = field(default_factory=list, repr=False)  # loss per step (not in the JSON)
 
 
@@ -105,6 +108,19 @@ class _Runner:
         self.peaks: list[int] = []
         self.losses: list[float] = []
         self.max_diff = 0.0
+        self.identical = True  # every gradient so far torch.equal to the reference's
+
+    def compare(self, ref: "_Runner") -> None:
+        """Fold this step's gradients, against the reference's, into max_diff and identical."""
+        pairs = list(zip(self.grads(), ref.grads()))
+        # A gradient missing on one side only is a difference that no value can show.
+        self.identical = self.identical and all(
+            (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b)) for a, b in pairs)
+        diffs = [(a.float() - b.float()).abs().max() for a, b in pairs if a is not None and b is not None]
+        if diffs:
+            # torch's max keeps NaN (Python's max would drop a NaN that comes second).
+            step = float(torch.stack(diffs).max())
+            self.max_diff = step if math.isnan(step) or step > self.max_diff else self.max_diff
 
     def state_bytes(self) -> int:
         n = sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -180,8 +196,7 @@ def _run(cfg: DemoConfig, progress: bool) -> dict:
             for k in range(len(runners)):
                 runners[(step + k) % len(runners)].step(x, y, device)
             for r in runners[1:]:
-                diffs = [(a.float() - b.float()).abs().max() for a, b in zip(r.grads(), ref.grads()) if a is not None]
-                r.max_diff = max(r.max_diff, float(torch.stack(diffs).max()))
+                r.compare(ref)
             bar.update(task, advance=1, loss=f"{ref.losses[-1]:.3f}")
 
     runs = []
@@ -189,7 +204,8 @@ def _run(cfg: DemoConfig, progress: bool) -> dict:
         runs.append(
             StrategyRun(
                 strategy=r.name,
-                lossless=True,
+                # "none" is the reference; NaN losses compare unequal, so they are never lossless.
+                lossless=r is ref or (r.identical and r.losses[-1] == ref.losses[-1]),
                 saved_bytes_per_token=statistics.fmean(r.saved) / tokens,
                 peak_bytes=max(r.peaks) if r.peaks else None,
                 step_time_s=statistics.median(r.times[min(cfg.warmup_steps, cfg.steps - 1):]),

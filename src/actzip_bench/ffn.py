@@ -175,7 +175,8 @@ def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> t
 
 
 def check_gradients(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> dict:
-    """Max |grad - grad of none| per strategy over every parameter, on one step (0: bit-identical)."""
+    """Max |grad - grad of none| per strategy over every parameter, on one step (0: bit-identical; NaN when any
+    difference is NaN)."""
     steps, _, _ = make_steps(cfg, blocks, x)
     grads: dict[str, dict[int, torch.Tensor]] = {}
     for strategy in cfg.strategies:
@@ -190,7 +191,9 @@ def check_gradients(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor)
                 h.remove()
         grads[strategy] = got
     ref = grads["none"]
-    return {s: max(float((g[k].float() - ref[k].float()).abs().max()) for k in ref) for s, g in grads.items()}
+    # torch's max keeps NaN (Python's max would drop a NaN that comes after a number).
+    return {s: float(torch.stack([(g[k].float() - ref[k].float()).abs().max() for k in ref]).max())
+            for s, g in grads.items()}
 
 
 def result_record(cfg: FFNBenchConfig, results: dict, density: float, grad_diff: dict) -> dict:

@@ -1,8 +1,10 @@
 """``actzip demo``: the JSON schema, lossless gradients, fewer saved bytes, clear errors."""
 
 import json
+import math
 
 import pytest
+import torch
 
 from actzip_bench.demo import DemoConfig, render, run_demo
 from actzip_bench.cli import main
@@ -52,6 +54,42 @@ def test_small_preset_meets_the_saved_bytes_target(corpus_file):
     assert runs["sparse"]["saved_bytes_per_token"] <= 0.8 * runs["none"]["saved_bytes_per_token"]
     assert runs["sparse"]["max_grad_abs_diff"] == 0.0
     assert render(result).row_count == 3
+
+
+def poison_checkpoint(monkeypatch, change):
+    """Make the gradient of each checkpointed block's first parameter ``change(g)``, its forward untouched (so
+    the strategy's loss stays the reference's)."""
+    import actzip_bench.models.gpt as gpt
+
+    real, hooked = gpt.checkpoint, set()
+
+    def wrapped(fn, *args, **kwargs):
+        p = next(fn.parameters())
+        if id(p) not in hooked:  # one hook per parameter, whatever the number of steps
+            hooked.add(id(p))
+            p.register_hook(change)
+        return real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(gpt, "checkpoint", wrapped)
+
+
+@pytest.mark.parametrize(
+    "change,check",
+    [
+        (lambda g: g * 1.5, lambda d: 0 < d < math.inf),
+        (lambda g: torch.full_like(g, math.nan), math.isnan),
+        (lambda g: torch.full_like(g, math.inf), math.isinf),
+    ],
+    ids=["changed", "nan", "inf"],
+)
+def test_a_changed_gradient_is_reported(monkeypatch, corpus_file, change, check):
+    poison_checkpoint(monkeypatch, change)
+    cfg = DemoConfig(preset="tiny", steps=1, warmup_steps=0, batch_size=2, text_file=str(corpus_file), device="cpu")
+    runs = {r["strategy"]: r for r in run_demo(cfg, progress=False)["runs"]}
+    assert runs["checkpoint"]["final_loss"] == runs["none"]["final_loss"]  # only the gradients differ
+    assert check(runs["checkpoint"]["max_grad_abs_diff"]) and runs["checkpoint"]["lossless"] is False
+    assert runs["none"]["lossless"] is True and runs["sparse"]["lossless"] is True
+    assert runs["sparse"]["max_grad_abs_diff"] == 0.0
 
 
 @pytest.mark.parametrize(

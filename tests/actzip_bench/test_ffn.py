@@ -1,9 +1,10 @@
 import json
+import math
 
 import pytest
 import torch
 
-from actzip_bench.ffn import FFNBenchConfig, build_stack, make_input, measured_density, run_ffn
+from actzip_bench.ffn import FFNBenchConfig, build_stack, check_gradients, make_input, measured_density, run_ffn
 from actzip_bench.cli import main
 from actzip.errors import ConfigError
 
@@ -37,6 +38,34 @@ def test_run_ffn_fp8_matmuls_exact_and_fused_keeps_no_fp8_copy():
     assert rec["config"]["matmul"] == "fp8"
     for r in rec["runs"]:  # the fused MLP and the cache change no bit of the fp8 model's gradients
         assert r["max_grad_abs_diff"] == 0.0
+
+
+@pytest.mark.parametrize("value,check", [(math.nan, math.isnan), (math.inf, math.isinf)], ids=["nan", "inf"])
+def test_check_gradients_reports_nan_and_inf(monkeypatch, value, check):
+    # The checkpoint strategy's norm-weight gradients become `value`; the other gradients, which backward
+    # reaches first, stay exact, so a NaN that comes after them must not be lost.
+    import actzip_bench.ffn as ffn
+
+    real = ffn.checkpoint
+
+    def wrapped(block, *args, **kwargs):
+        fired = []
+
+        def once(g):  # the blocks are shared by every strategy: poison only this backward
+            if fired:
+                return None
+            fired.append(True)
+            return torch.full_like(g, value)
+
+        block.norm.weight.register_hook(once)
+        return real(block, *args, **kwargs)
+
+    monkeypatch.setattr(ffn, "checkpoint", wrapped)
+    cfg = FFNBenchConfig(d=32, rows=64, n_blocks=2, dtype="float32", strategies=("none", "checkpoint", "cache"))
+    cpu = torch.device("cpu")
+    diff = check_gradients(cfg, build_stack(cfg, cpu), make_input(cfg, cpu))
+    assert check(diff["checkpoint"])
+    assert diff["none"] == 0.0 and diff["cache"] == 0.0
 
 
 def test_cli_bench_ffn_json(tmp_path):
