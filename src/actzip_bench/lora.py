@@ -261,7 +261,8 @@ def evaluate(model, task: SnippetClassification, cfg: LoRABenchConfig, device) -
 def grad_a_error(model, batch: dict, seed: int, lam: float = 1e-6, extra_rank: int = 0,
                  dropout_mask: str = "bitmask", fit_group_rows: int = 0, power_iters: int = 0) -> dict:
     """Relative error ``|G - G_exact| / |G_exact|`` of every lora_A gradient of a CARE model, against exact
-    LoRA on the same weights, batch and dropout masks; also whether every lora_B gradient was bit-identical."""
+    LoRA on the same weights, batch and dropout masks; also how many lora_B gradients were compared and whether
+    they all were bit-identical (never True when none was compared)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def grads():
@@ -286,6 +287,9 @@ def grad_a_error(model, batch: dict, seed: int, lam: float = 1e-6, extra_rank: i
                                     fit_group_rows=fit_group_rows, dropout_mask=dropout_mask))
     model.zero_grad(set_to_none=True)
     rel = {n: float((approx[n] - g).norm() / g.norm()) for n, g in exact.items() if "lora_A" in n and g.norm() > 0}
+    if not rel:
+        raise ConfigError("grad_a_error: the model has no non-zero lora_A gradient to compare")
+    grad_b = sorted(n for n in exact if "lora_B" in n)
     num = math.sqrt(sum(float((approx[n] - exact[n]).norm()) ** 2 for n in rel))
     den = math.sqrt(sum(float(exact[n].norm()) ** 2 for n in rel))
     vals = sorted(rel.values())
@@ -293,7 +297,10 @@ def grad_a_error(model, batch: dict, seed: int, lam: float = 1e-6, extra_rank: i
         "median": statistics.median(vals), "mean": statistics.fmean(vals), "min": vals[0], "max": vals[-1],
         "global": num / den,
         "by_layer": {n.split("model.layers.", 1)[-1].replace(".lora_A.default.weight", ""): v for n, v in rel.items()},
-        "grad_b_bit_identical": all(torch.equal(approx[n], exact[n]) for n in exact if "lora_B" in n),
+        "grad_b_compared": len(grad_b),
+        # an empty comparison (no lora_B gradient, or renamed parameters) proves nothing: False
+        "grad_b_bit_identical": bool(grad_b) and grad_b == sorted(n for n in approx if "lora_B" in n)
+        and all(torch.equal(approx[n], exact[n]) for n in grad_b),
     }
 
 

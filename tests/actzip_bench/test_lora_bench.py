@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 import torch
 
-from actzip_bench.lora import LoRABenchConfig, run_lora
+from actzip_bench.lora import LoRABenchConfig, grad_a_error, run_lora
 from actzip_bench.report import build
 from actzip_bench.cli import main
 from actzip.errors import ConfigError
@@ -37,11 +37,49 @@ def test_run_lora_records_every_method(tmp_path, monkeypatch):
     # checkpointing changes no number: same weights, batches and dropout masks
     assert runs["lora+checkpoint"]["train_loss"] == runs["lora"]["train_loss"]
     err = runs["care"]["grad_a_rel_error"]
-    assert err["grad_b_bit_identical"] and 0 < err["median"] < 2 and len(err["by_layer"]) == 7
+    assert err["grad_b_bit_identical"] and err["grad_b_compared"] == 7
+    assert 0 < err["median"] < 2 and len(err["by_layer"]) == 7
     assert runs["fa"]["trainable_params"] < runs["care"]["trainable_params"] == runs["lora"]["trainable_params"]
     assert runs["care"]["layers_compressed"] == 7 and runs["care"]["layers_plain"] == []
     assert rec["targets"]["peak_at_most_0.7x_lora"] is None  # no peak on the CPU
     assert rec["machine"]["torch"] == torch.__version__
+
+
+def care_llama():
+    """A 1-block Llama from a local config with CARE on its 7 peft LoRA layers, and a batch for it."""
+    import peft
+    import transformers
+
+    from actzip.api import compress_
+    from actzip.memory.lora import LoRAConfig
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    pm = peft.get_peft_model(transformers.LlamaForCausalLM(cfg),
+                             peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear"))
+    for n, p in pm.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.05)  # peft's zero B would make every lora_A gradient zero
+    compress_(pm, LoRAConfig(method="care", lam=1e-6))
+    ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(3))
+    return pm, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
+def test_grad_a_error_counts_the_lora_b_gradients_it_compares():
+    pm, batch = care_llama()
+    err = grad_a_error(pm, batch, seed=5)
+    assert err["grad_b_bit_identical"] and err["grad_b_compared"] == 7 and len(err["by_layer"]) == 7
+    for n, p in pm.named_parameters():  # no lora_B gradient at all: nothing compared, so not "bit-identical"
+        if "lora_B" in n:
+            p.requires_grad_(False)
+    err = grad_a_error(pm, batch, seed=5)
+    assert err["grad_b_compared"] == 0 and err["grad_b_bit_identical"] is False
+    for n, p in pm.named_parameters():  # no lora_A gradient: no error to measure, said so
+        if "lora_" in n:
+            p.requires_grad_("lora_B" in n)
+    with pytest.raises(ConfigError, match="no non-zero lora_A gradient"):
+        grad_a_error(pm, batch, seed=5)
 
 
 def test_seeds_add_untimed_accuracies(tmp_path, monkeypatch):

@@ -91,7 +91,9 @@ def test_apply_and_remove_forward_to_compress_and_restore():
     assert {m.actzip_config.method for m in pm.modules() if isinstance(m, CompressedLoraLinear)} == {"care"}
     n = warns_once("actzip.lora.remove", lambda: lora.remove(pm))
     assert n == 2 and not any(isinstance(m, CompressedLoraLinear) for m in pm.modules())
-    assert all(p.requires_grad for name, p in pm.named_parameters() if "lora_A" in name)
+    lora_a = {name: p for name, p in pm.named_parameters() if "lora_A" in name}
+    assert sorted(lora_a) == ["base_model.model.0.lora_A.default.weight", "base_model.model.2.lora_A.default.weight"]
+    assert all(p.requires_grad for p in lora_a.values())  # "fa" froze them; remove gave them back
     with pytest.raises(Exception, match="ridge"):
         lora.apply(pm, "care", ridge=1.0)
 

@@ -78,7 +78,7 @@ def test_output_grad_x_grad_b_bit_identical_to_plain_lora(dtype, adapter_dtype, 
                                       config=LoRAConfig(method=method)), x0, g, params)
     names = ["y", "grad_x"] + [n for n, t in (("grad_a", a), ("grad_b", b), ("grad_b_bias", bb))
                                if t is not None and t.requires_grad]
-    for name, r0, r1 in zip(names, ref, got):
+    for name, r0, r1 in zip(names, ref, got, strict=True):
         if name == "grad_a" and method == "care":
             assert r1.shape == r0.shape and r1.dtype == r0.dtype and torch.isfinite(r1).all()
         else:
@@ -351,4 +351,4 @@ def test_the_function_takes_its_earlier_positional_arguments():
     ref = grads(lambda x: plain_lora(x, base, a, b, None, 1.0, 0.0), x0, g, [a, b])
     got = grads(lambda x: LoRALinearFunction.apply(x, x, base.weight, base.bias, a, b, None, 1.0, 0.0, a.dtype,
                                                    LoRAConfig(method="lora"), None, None), x0, g, [a, b])
-    assert all(torch.equal(r, t) for r, t in zip(ref, got))
+    assert len(ref) == 4 and all(torch.equal(r, t) for r, t in zip(ref, got, strict=True))  # y, grad_x, grad_a, grad_b
