@@ -18,11 +18,14 @@ pytest.importorskip("triton")
 from actzip.kernels import relu_mlp as K  # noqa: E402
 from actzip.kernels import runtime  # noqa: E402
 
+from .cases import assert_bit_equal, random_tensor, special_values  # noqa: E402
+
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(runtime.unavailable_reason("cpu") is not None, reason="no interpreter")),
     pytest.param("cuda", marks=pytest.mark.cuda),
 ]
-# bf16 arithmetic is not reproduced by Triton's CPU interpreter: 16-bit floats are checked on CUDA only.
+# bf16 arithmetic is not reproduced by Triton's CPU interpreter: 16-bit float arithmetic is checked on CUDA only,
+# its bit moves and exactly representable results everywhere (test_16bit_*).
 DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.cuda), pytest.param(torch.float16, marks=pytest.mark.cuda)]
 
 
@@ -56,6 +59,72 @@ def test_kernels_match_oracle(device, dtype, sign_pack, square, shape, tile):
     want_a = activation_from_payload(p, codec, square)
     got_a = K.activation(b["mask"], b["tile_offsets"], b["values"], r.shape, dtype, tile, sign_pack, square)
     assert torch.equal(got_a.view(-1).view(torch.uint8), want_a.contiguous().view(-1).view(torch.uint8))
+
+
+def random_cases(dtype, sign_pack, seed, count=3):
+    """(shape, tile, codec, r, payload, grad): random shapes, tiles and densities; r and grad of every float
+    class (NaN payloads, signalling ones too, +-inf, subnormals, -0.0; no sign bit in r with sign packing)."""
+    g = torch.Generator().manual_seed(seed)
+    for i in range(count):
+        shape = (int(torch.randint(1, 4, (1,), generator=g)), int(torch.randint(1, 300, (1,), generator=g)))
+        tile = (64, 128, 256)[int(torch.randint(0, 3, (1,), generator=g))]
+        density = (0.0, 0.2, 0.6, 1.0)[int(torch.randint(0, 4, (1,), generator=g))]
+        r = random_tensor(shape, dtype, density, seed=seed + i, signed=not sign_pack)
+        special = special_values(dtype, signed=not sign_pack)
+        k = min(special.numel(), r.numel())
+        r.view(-1)[:k] = special[:k]
+        codec = actzip.codecs.get("sparse", tile_size=tile, sign_pack=sign_pack, check=False, kernel="torch")
+        yield shape, tile, codec, r, codec.encode(r), random_tensor(shape, dtype, 0.9, seed=seed + 100 + i)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sign_pack", [False, True])
+def test_16bit_bit_moves_match_oracle(device, dtype, sign_pack):
+    # Decoding r and selecting the gradient move bits only: exact under the interpreter too.
+    for shape, tile, codec, r, p, grad in random_cases(dtype, sign_pack, seed=11 + 2 * sign_pack):
+        want_a = codec.decode(p)
+        assert_bit_equal(want_a, r)
+        b = {k: v.to(device) for k, v in p.buffers.items()}
+        args = (b["mask"], b["tile_offsets"], b["values"], dtype, tile, sign_pack, False)
+        assert_bit_equal(K.activation(*args[:3], shape, *args[3:]), want_a)
+        # threshold_backward's select, as CUDA runs it; the CPU's vectorized one goes through float32 and
+        # quiets signalling NaNs of grad, so it is no bit oracle here.
+        want_g = torch.where(want_a <= 0, torch.zeros_like(grad), grad)
+        got_g = K.relu_grad(grad.to(device), *args)
+        if device == "cuda":
+            assert_bit_equal(R.relu_grad_dense(grad.to(device), want_a.to(device), False), want_g)
+        elif dtype == torch.bfloat16:
+            # The interpreter holds bf16 as uint16 and compares it as unsigned integers: r <= 0 comes out right
+            # for what a ReLU gives (sign clear, or NaN) and wrong for -0.0 and negatives, which the encoders'
+            # ReLU and CUDA's never give (-0.0 becomes +0.0). Those are checked on CUDA.
+            relu_like = ~torch.signbit(want_a) | want_a.isnan()
+            got_g, want_g = got_g[relu_like], want_g[relu_like]
+        assert_bit_equal(got_g, want_g)
+
+
+def exact_operands(shape, dtype, g, signed):
+    """m * 2**e with m < 16, e in -3..3, and zeros: r², 2r and grad * 2r are exact in bf16 and fp16, so any
+    rounding gives PyTorch's result."""
+    m = torch.randint(0, 16, shape, generator=g).float()
+    x = m * torch.exp2(torch.randint(-3, 4, shape, generator=g).float())
+    if signed:
+        x = torch.where(torch.rand(shape, generator=g) < 0.5, -x, x)
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_squares_exact_when_representable(device, dtype):
+    g = torch.Generator().manual_seed(3)
+    for i, (shape, tile, sign_pack) in enumerate([((3, 150), 64, False), ((2, 333), 256, True)]):
+        r = exact_operands(shape, dtype, g, signed=False)
+        grad = exact_operands(shape, dtype, g, signed=True)
+        codec = actzip.codecs.get("sparse", tile_size=tile, sign_pack=sign_pack, check=False, kernel="torch")
+        b = {k: v.to(device) for k, v in codec.encode(r).buffers.items()}
+        args = (b["mask"], b["tile_offsets"], b["values"], dtype, tile, sign_pack, True)
+        assert_bit_equal(K.activation(*args[:3], shape, *args[3:]), r.square())
+        assert_bit_equal(K.relu_grad(grad.to(device), *args), R.relu_grad_dense(grad, r, True))
 
 
 def test_bad_dtype():

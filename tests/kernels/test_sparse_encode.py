@@ -18,9 +18,8 @@ from actzip.errors import ConfigError  # noqa: E402
 from actzip.kernels import sparse_encode as se  # noqa: E402
 from actzip.memory.modules.arena import Arena  # noqa: E402
 
-from .cases import DEVICES, FP8, bits, random_tensor  # noqa: E402
+from .cases import DEVICES, FP8, assert_bit_equal, bits, random_tensor, special_values  # noqa: E402
 
-CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def oracle(x: torch.Tensor, tile: int, sign_pack: bool):
@@ -110,6 +109,45 @@ def test_fused_relu_matches_torch(device, dtype, act, passes):
         assert act is None or got.act.shape == h.shape
 
 
+def relu_by_bits(h: torch.Tensor) -> torch.Tensor:
+    """torch's relu as CUDA computes it, by selection only: NaN passes with its payload and sign, -0.0 gives +0.0
+    (the CPU's relu keeps -0.0)."""
+    return torch.where((h > 0) | h.isnan(), h, torch.zeros_like(h))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("passes,sign_pack", [(1, False), (2, False), (2, True)])
+def test_16bit_signed_zero_nan_inf_bit_for_bit(device, dtype, passes, sign_pack):
+    # Every pattern (-0.0, NaN payloads of both signs, +-inf, subnormals) over random shapes, tiles and
+    # densities, stored as is and through the fused ReLU. Only bits move, so the interpreter is exact too.
+    g = torch.Generator().manual_seed(17 + passes + 2 * sign_pack)
+    for i in range(3):
+        n = int(torch.randint(1, 600, (1,), generator=g))
+        tile = (64, 128, 256)[int(torch.randint(0, 3, (1,), generator=g))]
+        density = (0.0, 0.3, 0.7, 1.0)[int(torch.randint(0, 4, (1,), generator=g))]
+        row = (2, 8)[i % 2]
+        h = random_tensor((n,), dtype, density, seed=100 * passes + 10 * sign_pack + i)
+        special = special_values(dtype)
+        at = torch.randperm(n, generator=g)[: special.numel()]
+        h[at] = special[: at.numel()]
+        h = h.to(device)
+        check_against_oracle(h, tile, sign_pack, row=row, passes=passes)  # the sign bit counted, then dropped
+        r = relu_by_bits(h)
+        if device == "cuda":
+            assert_bit_equal(r, torch.relu(h))
+        want = oracle(r, tile, sign_pack)
+        cap = se.values_capacity(n, tile, dtype, sign_pack)
+        values = torch.full((cap,), 7, dtype=want.values.dtype, device=device)
+        got = se.encode(h, tile, sign_pack, relu=True, act="relu", values=values, passes=passes, row=row)
+        assert torch.equal(got.mask, want.mask) and torch.equal(got.tile_offsets, want.tile_offsets)
+        assert int(got.total) == want.total and torch.equal(values[: want.total], want.values)
+        assert int(got.nnz) == want.nnz and int(got.ok) == 1
+        if sign_pack:  # negative NaNs keep their sign through the ReLU
+            assert int(got.sign_set) == want.sign_set
+        assert_bit_equal(got.act, r)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("passes,sign_pack", [(1, False), (2, False), (2, True)])
 def test_arena_reserves_and_refuses_on_the_device(device, passes, sign_pack):
@@ -176,7 +214,7 @@ def test_bad_options_are_refused(device):
                   values=torch.empty(24, dtype=torch.int32, device=device))
 
 
-@CUDA_ONLY
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float32])
 @pytest.mark.parametrize("sign_pack", [False, True])
 def test_many_concurrent_tiles_on_cuda(dtype, sign_pack):
@@ -186,12 +224,3 @@ def test_many_concurrent_tiles_on_cuda(dtype, sign_pack):
         check_against_oracle(x, 4096 if seed else 1024, sign_pack, row=2 if seed == 1 else 8)
         if not sign_pack:
             check_against_oracle(x, 4096 if seed else 1024, sign_pack, passes=1)
-
-
-@CUDA_ONLY
-def test_fused_relu_signed_zero_and_nan_on_cuda():
-    h = torch.tensor([-0.0, 0.0, float("nan"), -1.0, 2.0] * 100, device="cuda", dtype=torch.bfloat16)
-    values = torch.empty(se.values_capacity(h.numel(), 64, h.dtype, False), dtype=torch.int16, device="cuda")
-    for passes in (1, 2):
-        got = se.encode(h, 64, False, relu=True, act="relu", values=values, passes=passes)
-        assert torch.equal(bits(got.act), bits(torch.relu(h)))
