@@ -1,7 +1,5 @@
 """The cache context: bit-identical gradients, dedup, rules, accounting, composition; ``actzip.cache``."""
 
-import copy
-
 import pytest
 import torch
 import torch.nn as nn
@@ -162,17 +160,6 @@ def test_composes_with_activation_checkpointing():
     g1 = run(cache)
     assert_grads_identical(g0, g1)
     assert cache.last.by_rule["sparse"].tensors >= 1
-
-
-def test_under_torch_compile_gradients_match():
-    model = ReLU2MLP()
-    compiled = torch.compile(copy.deepcopy(model), backend="aot_eager")
-    x = torch.randn(512, 64)
-    _, g0 = step(compiled, x)
-    cache = actzip.cache(min_bytes=0)
-    _, g1 = step(compiled, x, cache)
-    assert_grads_identical(g0, g1)
-    assert cache.last.bytes_before > 0
 
 
 @pytest.mark.parametrize("activation", ["relu2", "relu", "gelu"])
@@ -345,7 +332,8 @@ def test_cache_from_a_preset_name_a_config_and_options():
     assert actzip.cache(cfg).config is cfg
     assert actzip.cache(cfg, min_bytes=0).config == CacheConfig(preset="balanced", group_size=64, min_bytes=0)
     offloaded = actzip.cache("balanced", offload=True)
-    assert all(r.offload is offloaded.rules[-1].offload for r in offloaded.rules if r.name.endswith("+offload"))
+    offloading = [r for r in offloaded.rules if r.name.endswith("+offload")]
+    assert offloading and all(r.offload is offloaded.rules[-1].offload for r in offloading)
 
 
 def test_cache_with_rules_tracks_roles_only_when_they_ask():

@@ -11,6 +11,7 @@
 - :mod:`~actzip.memory.cache.rebuild`: saved tensors made again in backward instead of stored;
 - :mod:`~actzip.memory.cache.stored`: what autograd holds for a stored activation, shared by its saves;
 - :mod:`~actzip.memory.cache.active`: the open caches, and bytes kept outside their hooks.
+- :mod:`~actzip.memory.cache.compiled`: tensors torch.compile'd graphs save, kept uncompressed for now.
 """
 
 from actzip import compat

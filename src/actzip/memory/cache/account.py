@@ -16,6 +16,7 @@ __all__ = ["RuleStats", "StepAccount"]
 
 COLUMNS = ("rule", "tensors", "before", "after", "ratio")
 TOTAL = "total (no leaf)"
+COMPILED = "compiled"  # the rule name of a compiled graph's saves, kept uncompressed
 
 
 @dataclass
@@ -38,6 +39,9 @@ class StepAccount:
     _by_rule: dict[str, RuleStats] = field(default_factory=dict)
     duplicates: int = 0  # saves answered by an already stored tensor
     duplicate_bytes: int = 0  # dense bytes those saves would have taken again
+    # tensors a torch.compile'd graph saved, which the cache kept uncompressed (actzip.memory.cache.compiled)
+    uncompressed_compiled: int = 0
+    uncompressed_compiled_bytes: int = 0
     # Stored sizes known only on the device (arena payloads), summed when the account is first read.
     _deferred: dict[str, list] = field(default_factory=dict, repr=False)
 
@@ -51,6 +55,12 @@ class StepAccount:
             s.stored_bytes += stored_bytes
         else:
             self._deferred.setdefault(rule, []).append(stored_bytes)
+
+    def add_compiled(self, dense_bytes: int) -> None:
+        """Account one tensor a compiled graph saved, kept as it is (in the totals, under ``compiled``)."""
+        self.add(COMPILED, dense_bytes, dense_bytes)
+        self.uncompressed_compiled += 1
+        self.uncompressed_compiled_bytes += dense_bytes
 
     def _settle(self) -> None:
         for rule, parts in self._deferred.items():
@@ -88,6 +98,8 @@ class StepAccount:
             "bytes_after": self.bytes_after,
             "duplicates": self.duplicates,
             "duplicate_bytes": self.duplicate_bytes,
+            "uncompressed_compiled": self.uncompressed_compiled,
+            "uncompressed_compiled_bytes": self.uncompressed_compiled_bytes,
             "by_rule": {k: vars(v).copy() for k, v in self.by_rule.items()},
         }
 
@@ -101,10 +113,15 @@ class StepAccount:
         return rows
 
     def caption(self) -> str:
-        """The line under the table: duplicate saves, if any."""
-        if not self.duplicates:
-            return ""
-        return f"{self.duplicates} duplicate saves stored once ({_mib(self.duplicate_bytes)} not stored again)"
+        """The lines under the table: duplicate saves, and a compiled graph's saves kept uncompressed, if any."""
+        lines = []
+        if self.duplicates:
+            lines.append(f"{self.duplicates} duplicate saves stored once ({_mib(self.duplicate_bytes)} not stored again)")
+        if self.uncompressed_compiled:
+            lines.append(f"{self.uncompressed_compiled} tensors saved by torch.compile'd code kept uncompressed "
+                         f"({_mib(self.uncompressed_compiled_bytes)}): the cache does not compress inside compiled "
+                         "graphs yet")
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         rows = [COLUMNS, *self.rows()]

@@ -15,9 +15,11 @@ With a lossless codec (the default) backward sees bit-identical tensors, so grad
 Composition:
 - ``torch.utils.checkpoint`` (non-reentrant): checkpointed regions install their own hooks, which take
   precedence inside them; the cache compresses the tensors saved outside those regions.
-- ``torch.compile``: the hooks run, outside the compiled code, on the tensors the compiled graph saves; those
-  are chosen by the compiler and can differ from eager mode (a fused kernel may save a pre-activation instead
-  of a ReLU output), so what is compressed and how much is saved can differ too.
+- ``torch.compile`` (inductor, aot_eager): the hooks run, outside the compiled code, on the tensors the compiled
+  graph saves, but the cache does not compress the graph's own intermediates yet (the compiler chose them for
+  its backward kernels; :mod:`actzip.memory.cache.compiled` says how they are recognized). They are kept as
+  they are, counted under ``compiled`` in the totals (``StepAccount.uncompressed_compiled``, a line of
+  ``print(cache.last)``), and a warning says so once. Code run eagerly around compiled parts is compressed.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.memory.cache.account import StepAccount
 from actzip.memory.cache.active import close_cache, current_cache, open_cache, record_external
+from actzip.memory.cache.compiled import compiled_graph_inputs, made_by_graph, warn_uncompressed
 from actzip.memory.cache.config import CacheConfig
 from actzip.memory.cache.roles import RoleTracker, role_query
 from actzip.memory.cache.rules import Rule, count_only_rules, same_treatment
@@ -212,6 +215,12 @@ class CacheContext:
     def _store(self, t: torch.Tensor) -> tuple[CachedActivation, Rule | None]:
         self.save_index += 1
         dense = t.numel() * t.element_size()
+        if t.is_leaf and not t.requires_grad:  # how a compiled graph's intermediates look (inputs do too)
+            inputs = compiled_graph_inputs()
+            if inputs is not None and made_by_graph(t, inputs):
+                self._account.add_compiled(dense)
+                warn_uncompressed(t.shape, t.dtype)
+                return CachedActivation(t.detach(), None, None), None
         for rule in self.rules:
             if rule.matches(t):
                 name, saved, stored = rule.name, CachedActivation(t.detach(), None, None), dense

@@ -46,7 +46,8 @@ Limits:
   table.
 - Code that does not go through ``__torch_function__`` is not seen: custom ``torch.autograd.Function``
   subclasses (they save after their ``forward`` returns, so their tensors get ``other``), C++/TorchScript
-  modules, and ``torch.compile``'d regions (the compiler chooses what is saved).
+  modules, and ``torch.compile``'d regions (the compiler chooses what is saved; the cache keeps those saves as
+  they are and counts them apart, see :mod:`actzip.memory.cache.compiled`).
 - Cost: while a tracker is active every torch function call, tensor method and attribute access included, goes
   through one Python call and a dict lookup; a call found in the table also pushes a frame. That is a few
   microseconds per call: negligible for large layers, noticeable for models made of many tiny ops.
