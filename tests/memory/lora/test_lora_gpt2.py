@@ -11,6 +11,8 @@ from actzip.api import compress_, restore_
 from actzip.memory.lora import LoRAConfig, saved_bytes_by_module
 from actzip.memory.lora.peft import CompressedLoraLinear
 
+import lora_checks
+
 N_LAYERS = 2
 TARGETS = 3 * N_LAYERS  # attn.c_attn, attn.c_proj and mlp.c_proj in every block
 
@@ -51,17 +53,11 @@ def lora_layers(pm):
 
 
 def named(grads, part):
-    """The names in ``grads`` containing ``part``, checked to be one per adapted layer: a filter that matches
-    nothing (renamed parameters) must fail the test, not pass it."""
-    names = sorted(n for n in grads if part in n)
-    assert len(names) == TARGETS, (part, names)
-    return names
+    return lora_checks.named(grads, part, TARGETS)
 
 
 def compressed_layers(pm):
-    layers = [m for m in pm.modules() if isinstance(m, CompressedLoraLinear)]
-    assert len(layers) == TARGETS
-    return layers
+    return lora_checks.compressed_layers(pm, TARGETS)
 
 
 def test_the_bases_are_transposed_conv1d():

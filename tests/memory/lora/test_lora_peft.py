@@ -17,21 +17,17 @@ from actzip.errors import ConfigError, NothingToCompressError
 from actzip.memory.lora import LoRAConfig, saved_bytes_by_module
 from actzip.memory.lora.peft import CompressedLoraLinear
 
+import lora_checks
+
 TARGETS = 14  # all-linear: q, k, v, o, gate, up and down in each of the 2 blocks
 
 
 def named(grads, part):
-    """The names in ``grads`` containing ``part``, checked to be one per adapted layer: a filter that matches
-    nothing (renamed parameters) must fail the test, not pass it."""
-    names = sorted(n for n in grads if part in n)
-    assert len(names) == TARGETS, (part, names)
-    return names
+    return lora_checks.named(grads, part, TARGETS)
 
 
 def compressed_layers(pm):
-    layers = [m for m in pm.modules() if isinstance(m, CompressedLoraLinear)]
-    assert len(layers) == TARGETS
-    return layers
+    return lora_checks.compressed_layers(pm, TARGETS)
 
 
 def tiny_llama(dtype=torch.float32, dropout=0.1, adapter_fp32=True, targets="all-linear"):
