@@ -20,7 +20,8 @@
 #   embed the token before each position too, and dense plus the same anchors), wire-long-context-seed1 and
 #   wire-long-context-16x (the same under seed 1; about 16x with those anchors), wire-long-context-16x-seed1,
 #   wire-longest-context (2400 steps of the 107x entry with those anchors, and of its control), recheck-memory,
-#   recheck-cache and recheck-wire (short subsets of earlier runs, to compare with them)
+#   recheck-cache and recheck-wire (short subsets of earlier runs, to compare with them), wire-baselines-time and
+#   wire-baselines (float32, bf16, 8-bit, 4-bit and delta dense beside the compressed boundaries, seeds 0-2)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -34,6 +35,13 @@ wire300=(--device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-siz
 long="--steps 1200 --dataset-windows 0 --corpus-bytes 16000000"
 anchors768="--boundary anchor_rank=768,lr=1e-4"  # full-rank anchors at d = 768
 context768="--boundary anchor_rank=768,lr=1e-4,anchor_context=2"  # the same, also embedding the token before
+# wire-baselines: what a user would otherwise send (float32 and bf16 dense, 8- and 4-bit quantized dense, AQ-SGD
+# delta) beside subspace and the 107x anchored Stiefel boundary with its control (dense plus the same anchors),
+# each at the best rate of the earlier sweeps; the dense losses the seeds' committed 300-step runs reached
+baselines="dense@1.5e-4,bf16@1.5e-4,quant:4@1.5e-4,quant:8@1.5e-4,delta:8@1.5e-4,subspace:100@1.5e-4"
+anchored30="stiefel:30@1.5e-4 --stage-codec quant:bits=8"
+control30="stiefel:1@1.5e-4"
+dense300=(1.8710383892059326 1.8979466239611307 1.8783976634343464)
 # beside NAME ARGS...: one `bench wire` (wire300 plus ARGS, split at spaces) per ARGS, all at once on the one GPU,
 # so only their losses count; writes NAME-<i>.json, then one log and no plots (fewer files to bring back)
 beside() {
@@ -237,6 +245,31 @@ for stage in $stages; do
       entry="dense@1.5e-4"
       [ "$stage" = wire-4800-stiefel ] && entry="stiefel:30@1.5e-4 --stage-codec quant:bits=8 $anchors768"
       beside "$stage" "$long --steps 4800 --compressors $entry" ;;
+    wire-baselines-time)  # each baselines entry alone for 30 steps: its compute, undisturbed, for the step times
+      mkdir -p "$out/wire-baselines"
+      t=0
+      for spec in "--compressors $baselines" "--compressors $anchored30 $context768" \
+                  "--compressors $control30 $context768,width=768,tie=true,anchor_whole=true"; do
+        read -ra words <<< "$spec"
+        az bench wire "${wire300[@]}" --steps 30 "${words[@]}" --json "$out/wire-baselines/time-$((++t)).json" \
+          > "$out/wire-baselines/time-$t.log" 2>&1
+      done ;;
+    wire-baselines)  # the baselines a user would pick beside the compressed boundaries, seeds 0-2, one process per
+      # (seed, entry), 12 at a time; each trains on (to twice the steps) to the dense loss its seed's committed
+      # 300-step run reached, so losses count, step times come from wire-baselines-time
+      mkdir -p "$out/wire-baselines"
+      jobs=()
+      for seed in 0 1 2; do
+        target=${dense300[$seed]}
+        for entry in ${baselines//,/ }; do
+          jobs+=("--seed $seed --target-loss $target --compressors $entry|seed$seed-${entry%%@*}")
+        done
+        jobs+=("--seed $seed --target-loss $target --compressors $anchored30 $context768|seed$seed-anchored30")
+        jobs+=("--seed $seed --target-loss $target --compressors $control30 $context768,width=768,tie=true,anchor_whole=true|seed$seed-control")
+      done
+      printf '%s\n' "${jobs[@]}" | xargs -P 12 -I{} bash -c 'spec="${1%|*}"; name="${1##*|}"; name=${name//:/-}
+        python3 -m actzip_bench bench wire '"${wire300[*]}"' --target-steps 2 $spec \
+          --json "'"$out"'/wire-baselines/$name.json" > "'"$out"'/wire-baselines/$name.log" 2>&1 || echo "FAILED $name"' _ {} ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \

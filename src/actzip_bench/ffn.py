@@ -7,6 +7,8 @@ The workload of the public BitSparse comparison: ``n_blocks`` residual blocks ``
 Strategies (all on the same weights and input, interleaved):
 - ``none``: plain PyTorch;
 - ``checkpoint``: ``torch.utils.checkpoint`` around each block;
+- ``relu-only``: each MLP as a hand-written dense autograd function that keeps only relu(h) for backward
+  (:mod:`actzip_bench.ffn_relu_only`), the strongest alternative a user could write by hand;
 - ``cache``: the whole step under :class:`actzip.memory.ActivationCache` (the generic hook-based cache);
 - ``fused``: each MLP as :class:`actzip.memory.SparseReLUMLP` (only the sparse payload of relu(h) is kept),
   each payload allocated exactly (one host synchronization per block);
@@ -35,12 +37,13 @@ from torch.utils.checkpoint import checkpoint
 from actzip.core import registry
 from actzip.errors import ConfigError
 from actzip.memory import CacheContext as ActivationCache, Fp8Linear, SparseReLUMLP
+from actzip_bench.ffn_relu_only import relu_squared_mlp_keeping_relu
 
 INPUT_MEAN = 0.5  # the benchmark input is randn + INPUT_MEAN
 # "low" density: up's weights shifted by -LOW_DENSITY_SHIFT / sqrt(d) * std. The pre-activations then move
 # by a fixed number of their own standard deviations whatever d is: about 20% stay positive.
 LOW_DENSITY_SHIFT = 1.9
-STRATEGIES = ("none", "checkpoint", "cache", "fused", "fused-arena", "fused-arena-signpack")
+STRATEGIES = ("none", "checkpoint", "relu-only", "cache", "fused", "fused-arena", "fused-arena-signpack")
 MATMULS = ("bf16", "fp8")
 
 
@@ -81,11 +84,14 @@ class FFNBlock(nn.Module):
         self.up = nn.Linear(d, hidden, bias=False)
         self.down = nn.Linear(hidden, d, bias=False)
         self.fused: SparseReLUMLP | None = None  # set per strategy
+        self.relu_only = False  # set per strategy: the hand-written function keeping only relu(h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.norm(x)
         if self.fused is not None:
             return x + self.fused(n)
+        if self.relu_only:
+            return x + relu_squared_mlp_keeping_relu(n, self.up.weight, self.down.weight)
         return x + self.down(F.relu(self.up(n)).square())
 
 
@@ -151,6 +157,8 @@ def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> t
     def step(strategy: str) -> None:
         codec, arena = fused.get(strategy, (None, None))
         _set_fused(blocks, codec, arena)
+        for b in blocks:
+            b.relu_only = strategy == "relu-only"
         if strategy == "cache":
             with ActivationCache():
                 loss = forward(strategy)
@@ -160,6 +168,8 @@ def make_steps(cfg: FFNBenchConfig, blocks: nn.ModuleList, x: torch.Tensor) -> t
         for p in blocks.parameters():
             p.grad = None
         _set_fused(blocks, None)
+        for b in blocks:
+            b.relu_only = False
         if arena is not None:
             arena.reset()
 
@@ -212,6 +222,9 @@ def run_ffn(cfg: FFNBenchConfig, device: torch.device, progress=None) -> dict:
     from actzip_bench.harness import machine_record, run_interleaved, runnable_strategies
 
     cfg, skipped = runnable_strategies(cfg, device)
+    if cfg.matmul == "fp8" and "relu-only" in cfg.strategies:  # it runs plain bf16 matmuls: not the same workload
+        skipped["relu-only"] = "the hand-written function runs bf16 matmuls, not Fp8Linear's"
+        cfg = dataclasses.replace(cfg, strategies=tuple(s for s in cfg.strategies if s != "relu-only"))
 
     blocks = build_stack(cfg, device)
     x = make_input(cfg, device)

@@ -11,6 +11,7 @@ import datetime
 import gc
 import os
 import platform
+import subprocess
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -119,6 +120,7 @@ def machine_record(device: torch.device) -> dict:
         "python": platform.python_version(),
         "host_cpu": cpu_name(),
         "cores": os.cpu_count(),
+        "code_version": code_version(),
     }
     try:
         import triton
@@ -131,6 +133,23 @@ def machine_record(device: torch.device) -> dict:
         rec["gpus"] = torch.cuda.device_count()  # of the host; a multi-process run uses one per process
         rec["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
     return rec
+
+
+def code_version() -> str | None:
+    """The commit of the code that ran, so that the runs of one comparison can be shown to share it:
+    ``ACTZIP_CODE_VERSION`` when set (a copy of the tree without its git history), else the HEAD of the git
+    checkout holding this package, with ``+dirty`` when its ``src/`` differs from HEAD; None outside a checkout."""
+    if os.environ.get("ACTZIP_CODE_VERSION"):
+        return os.environ["ACTZIP_CODE_VERSION"]
+    src = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def cpu_name() -> str:

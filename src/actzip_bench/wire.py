@@ -1,8 +1,8 @@
 """Pipeline training over slow links: dense vs each boundary compressor (``actzip bench wire``).
 
 The reference GPT is split into ``stages`` pipeline stages and trained from the same initial weights on the
-same batches once per compressor entry: ``dense``, the byte codecs applied to the dense boundary (``quant``,
-``mask``, ``topk``, ``delta``) and the stage-boundary compressors built into the stages
+same batches once per compressor entry: ``dense``, the byte codecs applied to the dense boundary (``bf16``,
+``quant``, ``mask``, ``topk``, ``delta``) and the stage-boundary compressors built into the stages
 (:func:`actzip_bench.models.gpt_stages.build_gpt_stages`: ``subspace``, ``bottleneck``, ``stiefel``, ``stiefel-rvq``). An entry is
 ``name:ratio`` (``quant:8``, ``stiefel:16``); the ratio is the nominal forward compression of float32
 activations, and the measured one is reported next to it. ``name:ratio@lr`` trains that entry at its own AdamW
@@ -15,7 +15,7 @@ bytes per token each way, step time, loss at equal tokens, and the time to reach
 the fair metric (a compressor that steps faster but needs more steps shows it there).
 
 Byte codecs per entry (float32 activations; the backward codec follows the forward one unless ``bwd_codec`` is
-given): ``quant:r`` k-bit stochastic quantization with ``k = 32 / r`` (4, 8, 16, 32) both ways;
+given): ``bf16`` a cast to bfloat16 both ways (what a model trained in bf16 sends); ``quant:r`` k-bit stochastic quantization with ``k = 32 / r`` (4, 8, 16, 32) both ways;
 ``mask:r`` random keep ``1 / r`` with ``r`` rescale both ways; ``topk:r`` top-k keep ``1 / (2 r)`` (values plus
 int32 indices) both ways; ``delta:r`` AQ-SGD delta at ``k = 32 / r`` bits forward, k-bit quantization backward.
 """

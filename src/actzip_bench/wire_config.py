@@ -18,7 +18,7 @@ from actzip_bench.models.gpt_stages import build_gpt_stages, gpt_boundary_config
 __all__ = ["BYTE_CODECS", "QUICK", "Batches", "WireBenchConfig", "build_stages_for", "codec_specs", "entry_lr",
            "parse_entry", "pipeline_config"]
 
-BYTE_CODECS = ("quant", "mask", "topk", "delta")
+BYTE_CODECS = ("bf16", "quant", "mask", "topk", "delta")  # dense boundary, a byte codec on its tensors
 # --quick: under 3 minutes on a 2-core CPU (about 8 to 15 s per entry).
 QUICK = {"model": "tiny", "n_embd": 128, "n_head": 4, "n_layer": 2, "block_size": 64, "batch_size": 32,
          "steps": 50, "target_steps": 1.4, "dataset_windows": 768, "eval_batches": 2,
@@ -133,6 +133,10 @@ def parse_entry(entry: str) -> tuple[str, float]:
     known = ("dense", *BYTE_CODECS, "subspace", "bottleneck", "stiefel", "stiefel-rvq")
     if name not in known:
         raise ConfigError(f"compressor entry {entry!r}: unknown name {name!r}; choose one of {', '.join(known)}")
+    if name == "bf16":  # a cast: always half of float32's bytes
+        if r and ratio != 2:
+            raise ConfigError(f"compressor entry {entry!r}: bf16 sends 2 bytes per value of 4; write 'bf16'")
+        ratio = 2.0
     if ratio < 1:
         raise ConfigError(f"compressor entry {entry!r}: the ratio must be >= 1")
     if name in ("quant", "delta") and 32 / ratio not in (1, 2, 4, 8):
@@ -161,7 +165,9 @@ def codec_specs(name: str, ratio: float, bwd: str | None = None, stage: str | No
         if name == "dense" or not stage:
             return "none", "none"
         return stage, bwd or stage
-    if name in ("quant", "delta"):
+    if name == "bf16":
+        fwd = back = "cast:dtype=bfloat16"
+    elif name in ("quant", "delta"):
         q = f"quant:bits={int(32 / ratio)}"
         fwd = q if name == "quant" else f"delta:bits={int(32 / ratio)}"
         back = q

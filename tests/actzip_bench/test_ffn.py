@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from actzip_bench.ffn import FFNBenchConfig, build_stack, check_gradients, make_input, measured_density, run_ffn
 from actzip_bench.cli import main
@@ -84,3 +85,43 @@ def test_bad_options():
         FFNBenchConfig(matmul="int8")
     with pytest.raises(ConfigError, match="unknown strategies"):
         FFNBenchConfig(strategies=("none", "magic"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_relu_only_function_keeps_one_hidden_tensor_and_its_gradients_are_plain_pytorchs(dtype):
+    from actzip_bench.ffn_relu_only import relu_squared_mlp_keeping_relu
+
+    g = torch.Generator().manual_seed(0)
+    n = torch.randn(96, 32, generator=g).to(dtype).requires_grad_()
+    w_up = (torch.randn(80, 32, generator=g) * 0.2).to(dtype).requires_grad_()
+    w_down = (torch.randn(32, 80, generator=g) * 0.2).to(dtype).requires_grad_()
+    upstream = torch.randn(96, 32, generator=g).to(dtype)
+
+    def grads(fn):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            out = fn(n, w_up, w_down)
+        got = torch.autograd.grad(out, (n, w_up, w_down), upstream)
+        hidden = sum(t.numel() for t in {t.data_ptr(): t for t in saved if t.shape == (96, 80)}.values())  # distinct
+        return out, got, hidden
+
+    plain_out, plain, plain_hidden = grads(lambda n, u, d: F.linear(F.relu(F.linear(n, u)).square(), d))
+    out, mine, hidden = grads(relu_squared_mlp_keeping_relu)
+    assert torch.equal(out, plain_out)
+    for a, b in zip(mine, plain):
+        assert torch.equal(a, b)
+    assert hidden == 96 * 80 and plain_hidden == 2 * 96 * 80  # relu(h) alone, where plain keeps it and its square
+
+
+def test_the_relu_only_strategy_runs_beside_the_others_and_is_skipped_for_fp8():
+    cfg = FFNBenchConfig(d=64, rows=128, n_blocks=2, dtype="float32", rounds=1, warmup=0,
+                         strategies=("none", "relu-only"))
+    rec = run_ffn(cfg, torch.device("cpu"))
+    assert [r["strategy"] for r in rec["runs"]] == ["none", "relu-only"]
+    assert rec["runs"][1]["max_grad_abs_diff"] == 0.0
+    fp8 = run_ffn(FFNBenchConfig(d=64, rows=128, n_blocks=2, rounds=1, warmup=0, matmul="fp8",
+                                 strategies=("none", "relu-only")), torch.device("cpu"))
+    assert "relu-only" in fp8["skipped"] and [r["strategy"] for r in fp8["runs"]] == ["none"]
+    with pytest.raises(ConfigError, match="2-D"):
+        from actzip_bench.ffn_relu_only import relu_squared_mlp_keeping_relu
+        relu_squared_mlp_keeping_relu(torch.ones(2, 3, 4), torch.ones(5, 4), torch.ones(4, 5))

@@ -16,14 +16,14 @@ def test_wire_bench_cli_writes_the_schema_and_a_plot(tmp_path, monkeypatch):
     monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
     out = tmp_path / "wire.json"
     rc = main(["bench", "wire", "--model", "tiny", "--n-layer", "2", "--steps", "4", "--batch-size", "4",
-               "--block-size", "32", "--microbatches", "2", "--compressors", "dense,quant:8,delta:16",
+               "--block-size", "32", "--microbatches", "2", "--compressors", "dense,bf16,quant:8,delta:16",
                "--dataset-windows", "8", "--bandwidths", "80,200", "--target-steps", "1.5", "--device", "cpu",
                "--corpus-bytes", "200000",
                "--json", str(out)])
     assert rc == 0
     rec = json.loads(out.read_text())
     assert {r["bandwidth_mbps"] for r in rec["runs"]} == {80.0, 200.0, None}
-    assert len(rec["runs"]) == 9
+    assert len(rec["runs"]) == 12
     for r in rec["runs"]:
         for key, typ in SCHEMA.items():
             assert isinstance(r[key], typ), (key, r[key])
@@ -34,6 +34,8 @@ def test_wire_bench_cli_writes_the_schema_and_a_plot(tmp_path, monkeypatch):
     assert dense[200.0]["tokens"] == 4 * 4 * 32
     assert dense[200.0]["bytes_per_token_fwd"] > 256  # 64 float32 values per token, plus headers
     assert quant[200.0]["bytes_per_token_fwd"] < dense[200.0]["bytes_per_token_fwd"] / 6
+    bf16 = next(r for r in rec["runs"] if r["compressor"] == "bf16" and r["bandwidth_mbps"] == 200.0)
+    assert bf16["bytes_per_token_fwd"] == pytest.approx(dense[200.0]["bytes_per_token_fwd"] / 2, rel=0.02)
     assert dense[80.0]["step_time_s"] > dense[200.0]["step_time_s"] > dense[None]["step_time_s"]
     assert rec["command"].startswith("actzip bench wire") and rec["machine"]["cores"]
     assert out.with_suffix(".png").stat().st_size > 1000
@@ -45,7 +47,9 @@ def test_entries_and_codecs():
     assert codec_specs("delta", 16) == ("delta:bits=2", "quant:bits=2")
     assert codec_specs("mask", 8, "none") == ("mask:keep=0.125", "none")
     assert codec_specs("subspace", 100) == ("none", "none")
-    for bad in ("zip:4", "quant:3", "quant:x", "mask:0.5"):
+    assert parse_entry("bf16") == ("bf16", 2.0) == parse_entry("bf16:2@1e-4")
+    assert codec_specs("bf16", 2) == ("cast:dtype=bfloat16", "cast:dtype=bfloat16")
+    for bad in ("zip:4", "quant:3", "quant:x", "mask:0.5", "bf16:4"):
         with pytest.raises(ConfigError):
             parse_entry(bad)
     with pytest.raises(ConfigError, match="stages=2"):

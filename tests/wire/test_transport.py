@@ -163,6 +163,15 @@ def test_loopback_receive_without_a_message_fails_at_once():
         b.recv(0, channel="fwd")
 
 
+def test_a_payload_without_meta_arrives_whole():
+    _, a, b = shake()
+    p = actzip.codecs.get("cast").encode(torch.randn(3, 4))
+    assert p.meta == {}
+    a.send(1, {"p": p}, channel="fwd")
+    got = b.recv(0, channel="fwd").items["p"]
+    assert got.meta == {} and torch.equal(got.buffers["data"], p.buffers["data"]) and got.shape == p.shape
+
+
 def test_unsendable_meta_is_named():
     _, a, _ = shake()
     p = actzip.codecs.Payload("quant", torch.Size([1]), torch.float32, torch.device("cpu"), {}, {"f": object()})

@@ -398,7 +398,8 @@ class Transport:
             if codec == _RAW:
                 items[name] = buffers["data"]
             else:
-                items[name] = Payload(codec, torch.Size(shape), _dtype(dtype), dev, buffers, _meta_in(meta))
+                items[name] = Payload(codec, torch.Size(shape), _dtype(dtype), dev, buffers,
+                                      _meta_in(meta) if meta else {})  # a payload without meta sends {}
         if off != body.numel():
             raise WireDesyncError(f"rank {self.rank}: {what} from rank {peer} has {body.numel() - off} bytes more "
                                   f"than its schema describes")

@@ -48,7 +48,7 @@ def add_parsers(bench) -> None:
     wb.add_argument("--n-head", type=int, dest="n_head")
     wb.add_argument("--block-size", type=int, dest="block_size")
     wb.add_argument("--stages", type=int, help="pipeline stages (default 2)")
-    wb.add_argument("--compressors", help="comma-separated name:ratio entries (dense, quant:8, mask:8, topk:8, "
+    wb.add_argument("--compressors", help="comma-separated name:ratio entries (dense, bf16, quant:8, mask:8, topk:8, "
                     "delta:8, subspace:100, bottleneck:100, stiefel:16, stiefel-rvq:100, ...), each optionally "
                     "with its own learning rate: subspace:100@2e-3 (several dense entries: the best sets the target)")
     wb.add_argument("--boundary", help="boundary config overrides for every stage compressor, e.g. "
