@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actzip.errors import ConfigError
-from actzip_bench import figures_memory, figures_wire
+from actzip_bench import (figures_compressors_docs, figures_lora_docs, figures_memory, figures_memory_docs,
+                          figures_wire, figures_wire_baselines, figures_wire_docs)
 
-RENDERERS = {**figures_memory.RENDERERS, **figures_wire.RENDERERS}
+RENDERERS = {**figures_memory.RENDERERS, **figures_wire.RENDERERS, **figures_wire_baselines.RENDERERS,
+             **figures_memory_docs.RENDERERS, **figures_lora_docs.RENDERERS, **figures_wire_docs.RENDERERS,
+             **figures_compressors_docs.RENDERERS}
 
 BLOCK = re.compile(r"<!-- figure: (?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /figure -->", re.S)
 OPEN, CLOSE = re.compile(r"<!-- figure:"), re.compile(r"<!-- /figure -->")

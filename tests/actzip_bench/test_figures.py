@@ -24,12 +24,13 @@ def test_every_marker_names_a_renderer():
             assert b.name in figures.RENDERERS, f"{path}:{b.line}: no renderer {b.name!r}"
 
 
-def test_readme_has_blocks_and_no_figure_outside_them():
+def test_readme_and_every_docs_page_have_no_figure_outside_blocks():
     text = (REPO / "README.md").read_text()
     assert len(figures.blocks(REPO / "README.md")) >= 5
-    for path in figures.marked_files(REPO):
-        if path.name == "README.md":
-            assert figures.stray_figures(path.read_text()) == [], f"{path}: figures typed outside figure blocks"
+    pages = figures.marked_files(REPO)
+    assert {p.name for p in pages} >= {"README.md", "memory.md", "lora.md", "wire.md", "wire-compressors.md"}
+    for path in pages:
+        assert figures.stray_figures(path.read_text()) == [], f"{path}: figures typed outside figure blocks"
     assert "torch==2.13.0" in text  # a version pin is prose the scan must let through
 
 
@@ -60,9 +61,9 @@ def test_a_hand_edited_number_is_out_of_date_and_report_renders_it_again(tmp_pat
         (root / rel).symlink_to(REPO / rel)
     readme = root / "README.md"
     good = readme.read_text()
-    assert "102.1×" in good
-    readme.write_text(good.replace("102.1×", "120.1×", 1))
-    assert [s.split(": ")[1] for s in figures.stale(root)] == ["wire-subspace"]
+    assert "| 3,072 |" in good
+    readme.write_text(good.replace("| 3,072 |", "| 3,027 |", 1))
+    assert [s.split(": ")[1] for s in figures.stale(root)] == ["wire-baselines"]
     assert main(["report", "--root", str(root), "--check"]) == 1
     assert "README.md:" in capsys.readouterr().err and readme.read_text() != good  # --check writes nothing
     monkeypatch.setattr("actzip_bench.commands.report.write", lambda root, out: root / "docs" / "RESULTS.md")
@@ -90,31 +91,43 @@ def test_a_missing_results_file_is_named(tmp_path):
         figures.stale(root)
 
 
-def _ffn_record(rows: int, density: str, arena_peak: float, arena_time: float) -> dict:
+def _ffn_record(rows: int, density: str, arena_peak: float, arena_time: float, d: int = 4096,
+                relu_only: float | None = 0.8) -> dict:
     runs = [{"strategy": "none", "time_vs_none": 1.0, "peak_vs_none": 1.0, "max_grad_abs_diff": 0.0},
             {"strategy": "fused-arena", "time_vs_none": arena_time, "peak_vs_none": arena_peak,
              "max_grad_abs_diff": 0.0}]
-    return {"config": {"d": 4096, "rows": rows, "density": density, "n_blocks": 8, "hidden_ratio": 5.25,
+    if relu_only is not None:
+        runs.append({"strategy": "relu-only", "time_vs_none": 1.0, "peak_vs_none": relu_only,
+                     "max_grad_abs_diff": 0.0})
+    return {"config": {"d": d, "rows": rows, "density": density, "n_blocks": 8, "hidden_ratio": 5.25,
                        "dtype": "bfloat16"},
-            "density": 0.5, "runs": runs, "machine": {"gpu": "NVIDIA H200"}}
+            "density": 0.5, "runs": runs, "machine": {"gpu": "NVIDIA H200", "date": "2026-11-29T00:00:00+00:00"}}
+
+
+def _ffn_tree(root: Path, recs: list[dict]) -> None:
+    (root / "results" / "h200" / "ffn.json").write_text(json.dumps(recs))
 
 
 def test_a_headline_gives_its_range_over_every_size_and_names_its_file(tmp_path):
     root = _tree(tmp_path, "<!-- figure: ffn-stack -->\n<!-- /figure -->\n")
     recs = [_ffn_record(16384, "mid", 0.58, 0.999), _ffn_record(4096, "mid", 1.019, 1.011),
-            _ffn_record(32768, "low", 0.41, 0.989)]
-    (root / "results" / "h200" / "ffn.json").write_text(json.dumps(recs))
+            _ffn_record(32768, "low", 0.41, 0.989, relu_only=0.7), _ffn_record(4096, "mid", 0.6, 2.4, d=768,
+                                                                               relu_only=None)]
+    _ffn_tree(root, recs)
     text = figures.render("ffn-stack", root)
-    assert "| 4096 | fused, arena | -59.0% (32k, low) to +1.9% (4k, mid) | -1.1% (32k, low) to +1.1% (4k, mid) |" in text
+    assert ("| 4096 | fused, arena | -59.0% (32k, low) to +1.9% (4k, mid) | -41.4% (32k, low) to +27.4% (4k, mid) "
+            "| -1.1% (32k, low) to +1.1% (4k, mid) |") in text
+    assert "| 4096 | hand-written, keeps relu(h) only | -30.0% (32k, low) to -20.0% (4k, mid) | — |" in text
     assert "4k to 32k rows" in text and "(`results/h200/ffn.json`)" in text
     assert "bit-identical to plain PyTorch's in every run" in text
+    assert "| 768 | fused, arena | -40.0% | — | +140.0% |" in text  # no hand-written run at that size
     recs[0]["runs"][1]["max_grad_abs_diff"] = 1e-3
-    (root / "results" / "h200" / "ffn.json").write_text(json.dumps(recs))
-    assert "gradients differ from plain PyTorch's in 1 of 3 runs" in figures.render("ffn-stack", root)
+    _ffn_tree(root, recs)
+    assert "gradients differ from plain PyTorch's in 1 of 7 runs" in figures.render("ffn-stack", root)
 
 
 def test_an_inline_block_stays_inline(tmp_path):
     root = _tree(tmp_path, "before <!-- figure: ffn-stack -->old<!-- /figure --> after\n")
-    (root / "results" / "h200" / "ffn.json").write_text(json.dumps([_ffn_record(4096, "mid", 0.5, 1.0)]))
+    _ffn_tree(root, [_ffn_record(4096, "mid", 0.5, 1.0)])
     with pytest.raises(ConfigError, match="several lines"):  # a table cannot sit inside a sentence
         figures.update(root)
