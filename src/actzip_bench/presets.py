@@ -41,6 +41,7 @@ class PresetBenchConfig:
     corpus_bytes: int = 4_000_000
     eval_batches: int = 8
     log_every: int = 10  # keep every n-th training loss in the record
+    seed: int = 0  # initial weights and training batches (the validation batches stay fixed)
 
 
 def _val_loss(model, loss_fn, block: int, corpus: Corpus, cfg: PresetBenchConfig, device) -> float:
@@ -59,7 +60,7 @@ def _build(cfg: PresetBenchConfig, device: torch.device):
     """The model, its loss ``(x, y) -> scalar``, an optimizer factory and the sequence length."""
     gcfg = GPTConfig.of_size(cfg.model) if cfg.activation == "swiglu" else \
         GPTConfig.of_size(cfg.model, activation=cfg.activation)
-    torch.manual_seed(0)
+    torch.manual_seed(cfg.seed)
     if cfg.activation == "swiglu":
         from actzip_bench.cache_config import CacheBenchConfig
         from actzip_bench.cache_models import adamw as _adamw, build_model
@@ -87,7 +88,7 @@ def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> 
         opt = make_opt()
         rules = count_only_rules() if name == SKETCH else preset_rules(name, min_bytes=cfg.min_bytes)
         cache = ActivationCache(rules=rules)  # built once: fresh noise each step
-        g = torch.Generator().manual_seed(0)
+        g = torch.Generator().manual_seed(cfg.seed)
         losses, times, kept, before = [], [], [], []
         for step in range(cfg.steps):
             x, y = corpus.get_batch("train", cfg.batch_size, block, generator=g, device=device)

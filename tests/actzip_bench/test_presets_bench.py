@@ -46,3 +46,16 @@ def test_sketch_run_keeps_less_and_puts_the_plain_layers_back(tmp_path, monkeypa
     assert runs[1]["train_loss"] != runs[0]["train_loss"]
     # the plain layers are back afterwards: the same run again gives the same losses
     assert runs[2]["train_loss"] == runs[0]["train_loss"]
+
+
+def test_the_seed_changes_weights_and_batches_and_is_recorded(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    losses = {}
+    for seed in (0, 0, 1):
+        out = tmp_path / f"presets-{seed}.json"
+        assert main(["bench", "presets", "--steps", "2", "--batch-size", "2", "--presets", "lossless",
+                     "--seed", str(seed), "--device", "cpu", "--json", str(out)]) == 0
+        rec = json.loads(out.read_text())
+        assert rec["config"]["seed"] == seed
+        losses.setdefault(seed, []).append(rec["runs"][0]["train_loss"])
+    assert losses[0][0] == losses[0][1] and losses[1][0] != losses[0][0]

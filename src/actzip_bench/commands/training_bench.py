@@ -124,6 +124,7 @@ def add_parsers(bench) -> None:
                     "also 4bit, 2bit and sketch-d8: rank-d/8 sketches of the linear inputs)")
     pb.add_argument("--steps", type=int)
     pb.add_argument("--batch-size", type=int, dest="batch_size")
+    pb.add_argument("--seed", type=int, help="initial weights and training batches (default 0)")
     pb.add_argument("--device")
     pb.add_argument("--json", metavar="PATH", help="also writes PATH with .png: the loss curves")
     pb.set_defaults(func=_bench_presets)
