@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from actzip.errors import ConfigError
-from actzip.memory.modules.arena import ALIGN, Arena
+from actzip.memory.modules.arena import ALIGN, SETTLE_STEPS, SETTLED_MARGIN, WARMUP_MARGIN, Arena
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
@@ -45,6 +45,37 @@ def test_fit_sizes_from_high_water_with_margin_and_reset(device):
     assert arena.reserve(t(1000, device)).fits()
     arena.reset()
     assert arena.used_bytes() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_adaptive_arena_settles_tight_and_grows_again_without_losing_a_payload(device):
+    arena = Arena(device=device, margin="adaptive")
+    sizes = [10_000, 9_600, 10_400, 9_800]  # bytes per step, moving a little as training does
+
+    def step(i, extra=0):
+        arena.reset()
+        r = arena.reserve(t(sizes[i % len(sizes)] + extra, device))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return r.fits()
+
+    assert not step(0)  # unsized: refused and measured
+    assert arena.fit() >= WARMUP_MARGIN * sizes[0]
+    fits = [step(i) for i in range(1, SETTLE_STEPS + 3)]
+    assert all(fits)
+    arena.reset()  # notes the last step; with the counters on the host, the arena settles and shrinks
+    if device == "cuda":
+        torch.cuda.synchronize()
+        arena.reset()
+    assert arena.settled and arena.shrinks >= 1
+    held = arena.capacity_bytes
+    assert max(sizes) <= held <= SETTLED_MARGIN * max(sizes) + 2 * ALIGN
+    overflows = arena.overflows()
+    assert not step(0, extra=2_000)  # a larger step is refused (its owner recomputes), counted, and the arena grows
+    assert arena.overflows() == overflows + 1
+    arena.reset()
+    assert arena.fit() <= SETTLED_MARGIN * arena.high_water_bytes() + ALIGN
+    assert step(0, extra=2_000)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -92,6 +123,8 @@ def test_capturable_reservations_stay_on_the_device(device):
 def test_bad_options():
     with pytest.raises(ConfigError, match="margin"):
         Arena(device="cpu", margin=0.5)
+    with pytest.raises(ConfigError, match="'adaptive'"):
+        Arena(device="cpu", margin="tight")
     with pytest.raises(ConfigError, match="capacity_bytes"):
         Arena(-1, device="cpu")
     with pytest.raises(ConfigError, match="capturable"):

@@ -18,7 +18,12 @@ who decides:
   1.0, ready to be a fused optimizer's ``found_inf``, which skips the step.
 
 Sizing: pass ``capacity_bytes``, or let :meth:`fit` size the buffer from the high-water mark of earlier steps
-times ``margin``. ``reset()`` starts a new step (a device operation). Reading statistics (``used_bytes``,
+times ``margin``. ``margin="adaptive"`` fits with :data:`WARMUP_MARGIN` until :data:`SETTLE_STEPS` steps in a row
+have fit, then holds at most :data:`SETTLED_MARGIN` times the largest of those steps: each ``reset()`` queues a
+copy of the step's counters to pinned host memory behind an event and reads the ones whose event has passed,
+so the arena learns its steps' sizes without a synchronization, and shrinks (a new, smaller buffer, made at a
+step's start) once it has settled. A later step that outgrows it is refused, recomputed exactly and counted,
+and the arena grows again (to :data:`SETTLED_MARGIN` times the new high-water mark). ``reset()`` starts a new step (a device operation). Reading statistics (``used_bytes``,
 ``high_water_bytes``, ``overflows``) synchronizes: do it between steps, not inside one. :class:`GraphedStep`
 runs a training step as a CUDA graph and re-captures it when the arena has to grow.
 
@@ -51,6 +56,11 @@ N_COUNTERS = 6
 ONE_F32_BITS = 0x3F800000  # float32 1.0
 _KEPT_BY_RESET = (0, 0, 1, 1, 0, 0)
 _FLAG_AS_F32 = 2 * STEP_FLAG + (sys.byteorder == "big")  # the float32 holding the word's low-order bytes
+
+ADAPTIVE = "adaptive"  # the margin that starts wide and settles tight (see the module docstring)
+WARMUP_MARGIN = 1.25  # while the steps' payload sizes still move (the first steps of training)
+SETTLED_MARGIN = 1.05  # once they have settled: held at most this times the largest recent step
+SETTLE_STEPS = 8  # steps in a row without a refusal that make the arena settled
 
 
 class Reservation:
@@ -118,7 +128,8 @@ class Arena:
     Args:
       capacity_bytes: initial size (rounded up to 16 bytes); None or 0: unsized until :meth:`fit`.
       device: where the buffer and the counters live.
-      margin: :meth:`fit` sizes the buffer to ``margin`` times the high-water mark.
+      margin: :meth:`fit` sizes the buffer to ``margin`` (>= 1) times the high-water mark; ``"adaptive"``:
+        :data:`WARMUP_MARGIN` at first, then at most :data:`SETTLED_MARGIN` times what recent steps used.
       capturable: never ask the host whether a reservation fit, even eagerly: a refused payload gives NaN
         gradients in the fused MLPs (and sets :attr:`step_overflow`) instead of being recomputed. False:
         the host decides (exact recompute) except while a CUDA graph is being captured, where it cannot.
@@ -133,12 +144,12 @@ class Arena:
         capacity_bytes: int | None = None,
         *,
         device: str | torch.device = "cuda",
-        margin: float = 1.25,
+        margin: float | str = 1.25,
         capturable: bool = False,
         auto_reset: bool = False,
     ) -> None:
-        if margin < 1.0:
-            raise ConfigError(f"Arena: margin must be >= 1.0, got {margin!r}")
+        if margin != ADAPTIVE and (not isinstance(margin, (int, float)) or isinstance(margin, bool) or margin < 1.0):
+            raise ConfigError(f"Arena: margin must be a number >= 1.0 or 'adaptive', got {margin!r}")
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ConfigError(f"Arena: capacity_bytes must be >= 0, got {capacity_bytes!r}")
         if not isinstance(capturable, bool):
@@ -157,6 +168,10 @@ class Arena:
         self.generation = 0  # resets so far: a reservation made before the latest one is stale
         self._open = 0  # auto_reset: payloads opened and not yet closed (PayloadTicket)
         self._refused_seen = False  # auto_reset: backward met a refused payload since the last reset
+        self._pending: list = []  # adaptive: (event or None, pinned counters) of finished steps, in order
+        self._recent: list[int] = []  # adaptive: bytes wanted by the latest steps without a refusal
+        self.settled = False  # adaptive: SETTLE_STEPS steps in a row fit; fit() then uses SETTLED_MARGIN
+        self.shrinks = 0  # adaptive: times the buffer was made smaller
         self.counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device=self.device)
         self._cursor, self._wanted, self._high_water, self._overflows, self._step_overflows, _ = (
             self.counters[i:i + 1] for i in range(N_COUNTERS)
@@ -195,9 +210,38 @@ class Arena:
 
     def reset(self) -> None:
         """Start a new step: every earlier reservation is released and :attr:`step_overflow` cleared (one
-        device operation; inside a captured step, capture it too)."""
+        device operation; inside a captured step, capture it too). An adaptive arena first notes the finished
+        step's size (no synchronization) and may shrink (see the module docstring)."""
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if self.margin == ADAPTIVE and not capturing:
+            self._note_step()
         self.counters.mul_(self._kept_by_reset)
         self.generation += 1
+
+    def _note_step(self) -> None:
+        """Queue the finished step's counters to the host; take in those that arrived; shrink when settled."""
+        if self.device.type == "cuda":
+            host = torch.empty(N_COUNTERS, dtype=torch.int64, pin_memory=True)
+            host.copy_(self.counters, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending.append((event, host))
+        else:
+            self._pending.append((None, self.counters.clone()))
+        while self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):
+            _, host = self._pending.pop(0)
+            if int(host[WANTED]) == 0:
+                continue  # a reset with no step before it
+            if int(host[STEP_OVERFLOWS]):
+                self._recent.clear()
+                continue
+            self._recent = (self._recent + [int(host[WANTED])])[-SETTLE_STEPS:]
+        if len(self._recent) == SETTLE_STEPS:
+            self.settled = True
+            want = _aligned(int(max(self._recent) * SETTLED_MARGIN))
+            if want < self.capacity_bytes:
+                self._resize(want)
+                self.shrinks += 1
 
     # -- auto_reset ------------------------------------------------------------------------------------------
 
@@ -244,11 +288,15 @@ class Arena:
         Call between steps (it synchronizes and may allocate). Existing payloads must not be in use, and a
         captured graph that uses the old buffer must be captured again (:class:`GraphedStep` does).
         """
-        want = _aligned(int(self.high_water_bytes() * self.margin))
+        margin = self.margin if self.margin != ADAPTIVE else SETTLED_MARGIN if self.settled else WARMUP_MARGIN
+        want = _aligned(int(self.high_water_bytes() * margin))
         if want > self.capacity_bytes:
-            self.buffer = torch.empty(0, dtype=torch.uint8, device=self.device)  # free first: no two buffers at once
-            self.buffer = torch.empty(want, dtype=torch.uint8, device=self.device)
+            self._resize(want)
         return self.capacity_bytes
+
+    def _resize(self, nbytes: int) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8, device=self.device)  # free first: no two buffers at once
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def __repr__(self) -> str:
         return (f"Arena(capacity_bytes={self.capacity_bytes}, device={self.device}, margin={self.margin}, "

@@ -14,8 +14,9 @@ other class whose attributes match one of these layouts.
 
 The arena (:mod:`.arena`): ``arena="auto"`` gives all MLPs swapped on one device one shared
 :class:`~actzip.memory.modules.arena.Arena` that resets and sizes itself (``auto_reset``), so training code
-changes nothing; :func:`arena_of` returns it. It is off by default: the arena keeps its buffer (1.25 times
-the largest step's payloads) allocated between steps, memory the default path gives back after each backward,
+changes nothing; :func:`arena_of` returns it, with the adaptive margin (a quarter more than the largest
+step's payloads at first, at most a twentieth more once the sizes have settled). It is off by default: the
+arena keeps that buffer allocated between steps, memory the default path gives back after each backward,
 for a few percent of step time (no host synchronization per payload); and its first step, and any step after
 the payloads outgrew it, recomputes the MLPs' up projections.
 """
@@ -127,7 +128,7 @@ def _arena_for(device: torch.device, arenas: dict, report: CompressReport) -> Ar
                                 "its MLPs size each payload on the host")
             arenas[device] = None
         else:
-            arenas[device] = Arena(device=device, auto_reset=True)
+            arenas[device] = Arena(device=device, auto_reset=True, margin="adaptive")
             report.notes.append(f"arena='auto': one self-resetting Arena on {device}, shared by its MLPs "
                                 "(actzip.memory.modules.arena_of(model))")
     return arenas[device]
