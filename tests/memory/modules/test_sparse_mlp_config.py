@@ -243,9 +243,16 @@ def test_arena_options_are_checked_and_serialized():
     with pytest.raises(ConfigError, match="SparseMLPConfig.arena must be None, 'auto' or an Arena"):
         SparseMLPConfig(arena="yes")
     with pytest.raises(ConfigError, match="kernel='torch'"):
-        SparseMLPConfig(arena="auto", codec_options={"kernel": "torch"})
+        SparseMLPConfig(arena=Arena(device="cpu"), codec_options={"kernel": "torch"})
     with pytest.raises(ConfigError, match="check=False"):
-        SparseMLPConfig(arena="auto", codec_options={"sign_pack": True})
+        SparseMLPConfig(arena=Arena(device="cpu"), codec_options={"sign_pack": True})
+    assert SparseMLPConfig().arena == "auto"  # the default: no arena where it cannot be used, and the report says why
+    for options, why in (({"kernel": "torch"}, "kernel='torch'"), ({"sign_pack": True}, "check=False")):
+        model = GPT(GPTConfig.of_size("tiny", activation="relu2"))
+        report = actzip.compress_(model, SparseMLPConfig(codec_options=options))
+        assert report.swapped and any("arena='auto': none on cpu" in n and why in n for n in report.notes)
+        with pytest.raises(ConfigError, match="no fused MLP of GPT uses an arena"):
+            arena_of(model)
     cfg = SparseMLPConfig(arena="auto", codec_options={"sign_pack": True, "check": False})
     assert SparseMLPConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ConfigError, match="cannot be serialized"):

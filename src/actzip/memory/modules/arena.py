@@ -61,6 +61,7 @@ ADAPTIVE = "adaptive"  # the margin that starts wide and settles tight (see the 
 WARMUP_MARGIN = 1.25  # while the steps' payload sizes still move (the first steps of training)
 SETTLED_MARGIN = 1.05  # once they have settled: held at most this times the largest recent step
 SETTLE_STEPS = 8  # steps in a row without a refusal that make the arena settled
+PENDING_STEPS = 4  # counter copies in flight at most (pinned buffers reused once their copy has landed)
 
 
 class Reservation:
@@ -169,6 +170,7 @@ class Arena:
         self._open = 0  # auto_reset: payloads opened and not yet closed (PayloadTicket)
         self._refused_seen = False  # auto_reset: backward met a refused payload since the last reset
         self._pending: list = []  # adaptive: (event or None, pinned counters) of finished steps, in order
+        self._free_host: list[torch.Tensor] = []  # adaptive, CUDA: pinned counter copies free for reuse
         self._recent: list[int] = []  # adaptive: bytes wanted by the latest steps without a refusal
         self.settled = False  # adaptive: SETTLE_STEPS steps in a row fit; fit() then uses SETTLED_MARGIN
         self.shrinks = 0  # adaptive: times the buffer was made smaller
@@ -221,21 +223,27 @@ class Arena:
     def _note_step(self) -> None:
         """Queue the finished step's counters to the host; take in those that arrived; shrink when settled."""
         if self.device.type == "cuda":
-            host = torch.empty(N_COUNTERS, dtype=torch.int64, pin_memory=True)
-            host.copy_(self.counters, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._pending.append((event, host))
+            if len(self._pending) < PENDING_STEPS:  # else skip this step's note: never wait for the device
+                if not self._free_host:
+                    self._free_host.append(torch.empty(N_COUNTERS, dtype=torch.int64, pin_memory=True))
+                host = self._free_host.pop()
+                host.copy_(self.counters, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+                self._pending.append((event, host))
         else:
             self._pending.append((None, self.counters.clone()))
         while self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):
-            _, host = self._pending.pop(0)
-            if int(host[WANTED]) == 0:
+            event, host = self._pending.pop(0)
+            wanted, refused = int(host[WANTED]), int(host[STEP_OVERFLOWS])
+            if event is not None:
+                self._free_host.append(host)  # its copy has landed: reusable
+            if wanted == 0:
                 continue  # a reset with no step before it
-            if int(host[STEP_OVERFLOWS]):
+            if refused:
                 self._recent.clear()
                 continue
-            self._recent = (self._recent + [int(host[WANTED])])[-SETTLE_STEPS:]
+            self._recent = (self._recent + [wanted])[-SETTLE_STEPS:]
         if len(self._recent) == SETTLE_STEPS:
             self.settled = True
             want = _aligned(int(max(self._recent) * SETTLED_MARGIN))

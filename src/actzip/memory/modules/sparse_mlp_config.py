@@ -15,10 +15,10 @@ other class whose attributes match one of these layouts.
 The arena (:mod:`.arena`): ``arena="auto"`` gives all MLPs swapped on one device one shared
 :class:`~actzip.memory.modules.arena.Arena` that resets and sizes itself (``auto_reset``), so training code
 changes nothing; :func:`arena_of` returns it, with the adaptive margin (a quarter more than the largest
-step's payloads at first, at most a twentieth more once the sizes have settled). It is off by default: the
-arena keeps that buffer allocated between steps, memory the default path gives back after each backward,
-for a few percent of step time (no host synchronization per payload); and its first step, and any step after
-the payloads outgrew it, recomputes the MLPs' up projections.
+step's payloads at first, at most a twentieth more once the sizes have settled). It is the default, since it
+needs no host synchronization per payload. Its costs: it keeps its buffer allocated between steps, which
+``arena=None`` (one host synchronization per payload) gives back after each backward; and its first step,
+and any step after the payloads outgrew it, recomputes the MLPs' up projections (exact, and counted).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from actzip.kernels import runtime
 from actzip.memory.modules.arena import Arena
 from actzip.memory.modules.relu_mlp import SparseGatedReLUMLP, SparseReLUMLP
 
-__all__ = ["LAYOUT_ATTR", "ACTIVATION_ATTR", "SparseMLPConfig", "arena_of", "mlp_layout", "swap_sparse_mlps"]
+__all__ = ["LAYOUT_ATTR", "ACTIVATION_ATTR", "SparseMLPConfig", "arena_of", "arena_refusal", "mlp_layout",
+           "swap_sparse_mlps"]
 
 LAYOUT_ATTR = "actzip_mlp_layout"  # what an MLP class declares: (up, act, down) or (gate, up, act, down)
 ACTIVATION_ATTR = "actzip_mlp_activation"  # optional: "relu" or "relu2" when the activation object does not say
@@ -59,9 +60,10 @@ class SparseMLPConfig(Config):
 
     codec_options: dict = field(default_factory=dict)  # options of the "sparse" codec (sign_pack, tile_size, ...)
     trust_structure: bool = False  # also swap undeclared classes whose attributes match a known MLP layout
-    # None: each payload sized on the host; "auto": one self-resetting Arena per device, shared by the swapped
-    # MLPs (see arena_of); an Arena: that one, which the caller resets each step unless it has auto_reset.
-    arena: Arena | str | None = None
+    # "auto": one self-resetting Arena per device, shared by the swapped MLPs (see arena_of), where the Triton
+    # kernels run and the codec options allow one, else payloads sized on the host (the report says why);
+    # None: each payload sized on the host; an Arena: that one, which the caller resets unless it has auto_reset
+    arena: Arena | str | None = "auto"
 
     def validate(self) -> None:
         if not isinstance(self.codec_options, dict):
@@ -74,6 +76,8 @@ class SparseMLPConfig(Config):
             return
         if not (self.arena == "auto" or isinstance(self.arena, Arena)):
             raise ConfigError(f"SparseMLPConfig.arena must be None, 'auto' or an Arena, got {self.arena!r}")
+        if self.arena == "auto":
+            return  # arena_refusal says, at compress_, why a device gets none
         if codec.kernel == "torch":
             raise ConfigError("SparseMLPConfig.arena needs the sparse codec's Triton kernels: codec_options "
                               "kernel='torch' cannot write into an arena (use 'auto' or 'triton')")
@@ -119,13 +123,23 @@ def _device_of(module: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def _arena_for(device: torch.device, arenas: dict, report: CompressReport) -> Arena | None:
-    """The shared self-resetting arena of ``device`` (made on first use), or None where the kernels cannot run."""
+def arena_refusal(codec) -> str | None:
+    """Why the sparse codec ``codec`` cannot write into an arena, or None."""
+    if codec.kernel == "torch":
+        return "codec_options kernel='torch' cannot write into an arena"
+    if codec.sign_pack and codec.check_values:
+        return "sign_pack=True checks its values, a host synchronization (codec_options check=False avoids it)"
+    return None
+
+
+def _arena_for(device: torch.device, arenas: dict, report: CompressReport, codec) -> Arena | None:
+    """The shared self-resetting arena of ``device`` (made on first use), or None where the kernels cannot run
+    or the codec cannot use one."""
     if device not in arenas:
-        why = runtime.unavailable_reason(device)
+        why = arena_refusal(codec) or runtime.unavailable_reason(device)
         if why is not None:
-            report.notes.append(f"arena='auto': none on {device} (the Triton kernels cannot run there: {why}); "
-                                "its MLPs size each payload on the host")
+            report.notes.append(f"arena='auto': none on {device} ({why}); its MLPs size each payload on the host, "
+                                "one host synchronization per payload")
             arenas[device] = None
         else:
             arenas[device] = Arena(device=device, auto_reset=True, margin="adaptive")
@@ -192,7 +206,7 @@ def swap_sparse_mlps(model: nn.Module, config: SparseMLPConfig, filter_fn: Filte
         kind = _activation_kind(module, getattr(module, names[-2]))
         arena = config.arena
         if arena == "auto":
-            arena = _arena_for(_device_of(module), existing, report)
+            arena = _arena_for(_device_of(module), existing, report, codec)
         square = kind == "relu2"
         if len(names) == 4:
             gate, up, _, down = (getattr(module, n) for n in names)
