@@ -130,8 +130,9 @@ def wire_baselines(root: Path) -> str:
         lines.append(f"| {label} | {bpt:,.0f} | {_mean_range(finals)} | {'—' if name == 'dense' else gap} | {ctrl} "
                      f"| {sooner} |")
     reached = [b for b in BASELINES if None not in ttt[b]]
-    best = min(reached, key=lambda b: statistics.fmean(ttt[b]))
+    best = min(reached, key=lambda b: statistics.fmean(ttt[b])) if reached else None
     vs_best = ("does not reach dense's loss in every seed" if None in ttt[ANCHORED]
+               else "reaches dense's loss in every seed, and none of them does" if best is None
                else f"reaches dense's loss {span((b / a for a, b in zip(ttt[ANCHORED], ttt[best])), lambda v: times(v, 1))} "
                     f"sooner than the best of them ({ENTRIES[best]})")
     vs_control = ("" if None in ttt[ANCHORED] or None in ttt[CONTROL] else

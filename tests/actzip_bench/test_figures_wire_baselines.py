@@ -85,6 +85,11 @@ def test_a_run_that_never_reaches_dense_is_said_so_and_not_counted_as_best(tmp_p
     assert "| 8-bit quantized dense | 816 | 2.010 (2.000 to 2.020) | +0.0% | — | not reached in every seed |" in text
 
 
+def test_no_baseline_reaching_dense_is_said_so(tmp_path):
+    _folder(tmp_path, reach={b: None for b in ("bf16", "quant-4", "quant-8", "delta-8")})
+    assert "reaches dense's loss in every seed, and none of them does" in figures.render("wire-baselines", tmp_path)
+
+
 def test_a_missing_seed_or_step_time_is_a_clear_error(tmp_path):
     folder = _folder(tmp_path)
     (folder / "seed2-delta-8.json").unlink()
