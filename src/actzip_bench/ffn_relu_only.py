@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from actzip.errors import ConfigError
+from actzip.memory.modules.relu_mlp import relu_grad_dense
 
 __all__ = ["ReluSquaredMLPKeepingRelu", "relu_squared_mlp_keeping_relu"]
 
@@ -32,8 +33,7 @@ class ReluSquaredMLPKeepingRelu(torch.autograd.Function):
         n, r, w_up, w_down = ctx.saved_tensors
         s = r.square()  # rebuilt: the same bits as the forward's
         grad_w_down = g.t().mm(s)  # F.linear's weight gradient for a 2-D input, as autograd computes it
-        grad_r = g.mm(w_down) * (2 * r)  # down's input gradient, then square's (pow's backward: grad * 2x)
-        grad_h = torch.ops.aten.threshold_backward(grad_r, r, 0)  # relu's, from its output
+        grad_h = relu_grad_dense(g.mm(w_down), r, square=True)  # square's, then relu's, as autograd computes them
         grad_w_up = grad_h.t().mm(n)
         grad_n = grad_h.mm(w_up) if ctx.needs_input_grad[0] else None
         return grad_n, grad_w_up, grad_w_down

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from actzip.errors import ConfigError
@@ -49,6 +50,12 @@ def span(values, fmt=pct) -> str:
     values = list(values)
     lo, hi = fmt(min(values)), fmt(max(values))
     return lo if lo == hi else f"{lo} to {hi}"
+
+
+def mean_range(values, fmt=pct) -> str:
+    """``values`` as their mean with their range: ``+0.6% (+0.4% to +0.8%)``."""
+    values = list(values)
+    return f"{fmt(statistics.fmean(values))} ({fmt(min(values))} to {fmt(max(values))})"
 
 
 def span_where(pairs, fmt=pct) -> str:

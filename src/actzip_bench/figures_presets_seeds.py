@@ -4,20 +4,14 @@
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from actzip.errors import ConfigError
-from actzip_bench.figure_helpers import cite, load_folder, pct
+from actzip_bench.figure_helpers import cite, load_folder, mean_range, pct
 
 FOLDER = "results/cpu/presets-seeds"
 MODELS = {"gelu": "GELU GPT", "relu2": "ReLU² GPT", "swiglu": "SwiGLU Llama"}
 PRESETS = ("4bit", "2bit")
-
-
-def _mean_range(values) -> str:
-    values = list(values)
-    return f"{pct(statistics.fmean(values))} ({pct(min(values))} to {pct(max(values))})"
 
 
 def presets_seeds(root: Path) -> str:
@@ -51,8 +45,8 @@ def presets_seeds(root: Path) -> str:
             runs = [next((r for r in rec["runs"] if r["preset"] == preset), None) for rec in recs]
             if None in runs:
                 raise ConfigError(f"figure: a run in {FOLDER} lacks the {preset!r} preset")
-            row.append(f"{_mean_range(r['train_loss_gap'] for r in runs)}; validation "
-                       f"{_mean_range(r['val_loss_gap'] for r in runs)}")
+            row.append(f"{mean_range(r['train_loss_gap'] for r in runs)}; validation "
+                       f"{mean_range(r['val_loss_gap'] for r in runs)}")
         lines.append(f"| {preset} | {' | '.join(row)} |")
     worst4 = max(r["train_loss_gap"] for recs in by_model.values() for rec in recs for r in rec["runs"]
                  if r["preset"] == "4bit")

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from actzip.errors import ConfigError
-from actzip_bench.figure_helpers import cite, gpu, load, load_folder, pct, span, times
+from actzip_bench.figure_helpers import cite, gpu, load_folder, mean_range, span, times
 from actzip_bench.wire import first_reach
 
 FOLDER = "results/h200/wire-baselines"
@@ -69,6 +69,10 @@ def _alone_step_s(root: Path) -> dict[tuple, float]:
     return out
 
 
+def _loss(v: float) -> str:
+    return f"{v:.3f}"
+
+
 def _steps_to(rec: dict, target: float) -> int | None:
     """Steps the record's run needed for its smoothed training loss to reach ``target`` (None: never)."""
     curve = next(iter(rec["curves"].values()))
@@ -76,11 +80,6 @@ def _steps_to(rec: dict, target: float) -> int | None:
         raise ConfigError("figure: wire-baselines needs every step's loss in the curves")
     hit = first_reach(curve["loss"], max(1, round(rec["config"]["smooth"] * rec["config"]["steps"])), target)
     return None if hit is None else hit + 1
-
-
-def _mean_range(values) -> str:
-    values = list(values)
-    return f"{statistics.fmean(values):.3f} ({min(values):.3f} to {max(values):.3f})"
 
 
 def wire_baselines(root: Path) -> str:
@@ -127,7 +126,7 @@ def wire_baselines(root: Path) -> str:
         sooner = ("not reached in every seed" if None in got
                   else span((d / t for d, t in zip(ttt["dense"], got)), lambda v: times(v, 1)))
         bpt = _run(runs[name][seeds[0]])["bytes_per_token_fwd"]
-        lines.append(f"| {label} | {bpt:,.0f} | {_mean_range(finals)} | {'—' if name == 'dense' else gap} | {ctrl} "
+        lines.append(f"| {label} | {bpt:,.0f} | {mean_range(finals, _loss)} | {'—' if name == 'dense' else gap} | {ctrl} "
                      f"| {sooner} |")
     reached = [b for b in BASELINES if None not in ttt[b]]
     best = min(reached, key=lambda b: statistics.fmean(ttt[b])) if reached else None
