@@ -62,8 +62,15 @@ class FFNBenchConfig:
     warmup: int = 2  # rounds dropped first
     strategies: tuple[str, ...] = STRATEGIES
     matmul: str = "bf16"  # "bf16" (nn.Linear in the model's dtype) or "fp8" (Fp8Linear: float8 matmuls)
+    # "actzip": the workload above; "public": the public BitSparse code's own (actzip_bench.ffn_public: zero-mean
+    # input, weightless norm, gradients dropped as they accumulate, peak above resident, fused through compress_)
+    harness: str = "actzip"
 
     def __post_init__(self) -> None:
+        if self.harness not in ("actzip", "public"):
+            raise ConfigError(f"ffn bench: harness must be 'actzip' or 'public', got {self.harness!r}")
+        if self.harness == "public" and self.matmul != "bf16":
+            raise ConfigError("ffn bench: the public harness runs bf16 matmuls only (matmul='bf16')")
         if self.matmul not in MATMULS:
             raise ConfigError(f"ffn bench: matmul must be one of {list(MATMULS)}, got {self.matmul!r}")
         if self.density not in ("mid", "low"):
@@ -221,6 +228,14 @@ def run_ffn(cfg: FFNBenchConfig, device: torch.device, progress=None) -> dict:
     """Build the stack, check gradients once, then time every strategy interleaved."""
     from actzip_bench.harness import machine_record, run_interleaved, runnable_strategies
 
+    if cfg.harness == "public":
+        from actzip_bench.ffn_public import PUBLIC_STRATEGIES, run_public
+
+        other = {s: "not a strategy of the public harness" for s in cfg.strategies if s not in PUBLIC_STRATEGIES}
+        cfg = dataclasses.replace(cfg, strategies=tuple(s for s in cfg.strategies if s not in other))
+        cfg, skipped = runnable_strategies(cfg, device)
+        record = run_public(cfg, device, progress)
+        return {**record, "skipped": {**other, **skipped}}
     cfg, skipped = runnable_strategies(cfg, device)
     if cfg.matmul == "fp8" and "relu-only" in cfg.strategies:  # it runs plain bf16 matmuls: not the same workload
         skipped["relu-only"] = "the hand-written function runs bf16 matmuls, not Fp8Linear's"

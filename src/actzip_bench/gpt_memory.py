@@ -14,7 +14,11 @@ interleaved step by step:
   projection's input is kept; backward makes them again from tensors it keeps anyway (bit-identical);
 - ``fused-arena-rebuild``: ``fused-arena`` and ``rebuild`` together;
 - ``fused-arena-rebuild-ln2``: ``fused-arena`` with only the MLP's input (``ln_2``'s output) rebuilt: one
-  LayerNorm forward more per block, for the saving that matters most once the MLP keeps only its payload.
+  LayerNorm forward more per block, for the saving that matters most once the MLP keeps only its payload;
+- ``compress``: ``actzip.compress_(model, SparseMLPConfig())`` and nothing else: the self-resetting arena and
+  the norm outputs marked, so each MLP rebuilds its input (the norm hooks stay on the shared model for the
+  other strategies too, where nothing reads the marks);
+- ``compress-signpack``: the same with ``codec_options`` sign packing (``check=False``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from actzip.memory import SparseReLUMLP
 from actzip_bench.models import GPT, GPTConfig
 
 STRATEGIES = ("none", "checkpoint", "fused", "fused-arena", "fused-arena-signpack", "rebuild", "fused-arena-rebuild",
-              "fused-arena-rebuild-ln2")
+              "fused-arena-rebuild-ln2", "compress", "compress-signpack")
+ONE_LINERS = {"compress": {}, "compress-signpack": {"sign_pack": True, "check": False}}  # codec options
 # the model's rebuild_saved option per strategy (default False)
 REBUILDS = {"rebuild": True, "fused-arena-rebuild": True, "fused-arena-rebuild-ln2": ("ln_2",)}
 
@@ -66,7 +71,7 @@ def _codec(cfg: GPTBenchConfig, sign_pack: bool):
 
 def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
     from actzip_bench.harness import machine_record, run_interleaved, runnable_strategies
-    from actzip.memory.modules.arena import Arena
+    from actzip.memory.modules.arena import PENDING_STEPS, SETTLE_STEPS, Arena
 
     cfg, skipped = runnable_strategies(cfg, device)
 
@@ -77,13 +82,18 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
         model = model.to(device=device, dtype=getattr(torch, cfg.dtype))
         opt = model.configure_optimizer(lr=1e-4)
         plain = [b.mlp for b in model.h]
-        arenas = {s: Arena(device=device) for s in cfg.strategies if "arena" in s}
+        arenas = {s: Arena(device=device) for s in cfg.strategies if "arena" in s and s.startswith("fused")}
 
         def swapped(sign_pack: bool, arena) -> list:
             return [SparseReLUMLP(m.c_fc, m.c_proj, square=True, codec=_codec(cfg, sign_pack), names=("c_fc", "c_proj"),
                                   dropout=m.dropout, arena=arena) for m in plain]
 
         fused = {s: swapped("signpack" in s, arenas.get(s)) for s in cfg.strategies if s.startswith("fused")}
+        for s, opts in ONE_LINERS.items():
+            if s in cfg.strategies:
+                fused[s], arena = _one_liner(model, plain, {"kernel": cfg.kernel, **opts})
+                if arena is not None:
+                    arenas[s] = arena
         batch = cfg.tokens_per_step // seq
         g = torch.Generator(device="cpu").manual_seed(seq)
         idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), generator=g).to(device)
@@ -99,10 +109,14 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            if strategy in arenas:
+            if strategy in arenas and not arenas[strategy].auto_reset:
                 arenas[strategy].reset()
 
-        for strategy, arena in arenas.items():  # untimed first step: measure the payloads, size the arena
+        for strategy, arena in arenas.items():  # untimed first steps: measure the payloads, size the arena
+            if arena.auto_reset:  # the one-liner's adaptive arena settles after a few fitting steps
+                for _ in range(SETTLE_STEPS + PENDING_STEPS + 2):
+                    step(strategy)
+                continue
             step(strategy)
             arena.fit()
         held = {s: (lambda a=a: a.capacity_bytes) for s, a in arenas.items()}
@@ -121,3 +135,19 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
             })
         del model, opt, plain, fused, arenas
     return {"config": asdict(cfg), "runs": runs, "skipped": skipped, "machine": machine_record(device)}
+
+
+def _one_liner(model, plain: list, codec_options: dict):
+    """The MLPs ``compress_(model, SparseMLPConfig(...))`` makes, and their arena; the plain MLPs are put back
+    (the norm hooks stay), so the strategies keep sharing one model."""
+    from actzip.memory.modules import SparseMLPConfig, arena_of, compress_
+
+    compress_(model, SparseMLPConfig(codec_options=codec_options))
+    swapped = [b.mlp for b in model.h]
+    try:
+        arena = arena_of(model)
+    except ConfigError:  # no arena where the kernels cannot run (compress_'s report says so)
+        arena = None
+    for b, m in zip(model.h, plain):
+        b.mlp = m
+    return swapped, arena

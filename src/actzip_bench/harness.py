@@ -57,12 +57,15 @@ def run_interleaved(
     warmup: int = 2,
     progress: Callable[[str], None] | None = None,
     held: dict[str, Callable[[], int]] | None = None,
+    above_resident: bool = False,
 ) -> dict[str, VariantResult]:
     """Run each variant's step ``warmup + rounds`` times, interleaved; return the measured rounds.
 
     ``held[name]()`` gives bytes that variant ``name`` keeps allocated between its steps (an arena, say).
     They stay allocated while the other variants run, so each variant's peak has the others' held bytes taken
-    out: every peak is what the variant would reach running alone.
+    out: every peak is what the variant would reach running alone. ``above_resident``: a peak is instead the
+    most allocated during the step above what was allocated just before it, plus the variant's own held
+    bytes (the public BitSparse harness's count).
     """
     held = held or {}
     names = list(variants)
@@ -74,14 +77,19 @@ def run_interleaved(
             _sync(device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
+                resident = torch.cuda.memory_allocated(device)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 variants[name]()
                 end.record()
                 _sync(device)
                 ms = start.elapsed_time(end)
-                foreign = sum(fn() for other, fn in held.items() if other != name)
-                peak = torch.cuda.max_memory_allocated(device) - foreign
+                if above_resident:
+                    own = held[name]() if name in held else 0
+                    peak = torch.cuda.max_memory_allocated(device) - resident + own
+                else:
+                    foreign = sum(fn() for other, fn in held.items() if other != name)
+                    peak = torch.cuda.max_memory_allocated(device) - foreign
             else:
                 t0 = time.perf_counter()
                 variants[name]()

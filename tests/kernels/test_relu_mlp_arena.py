@@ -418,3 +418,35 @@ def test_graphed_step_replays_exactly_and_recaptures_when_the_arena_grows():
     for _ in range(3):  # captured anew, then replayed
         one_step()
     assert graphed.captures == 2 and graphed.eager_steps == 3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sign_pack", [False, True])
+@pytest.mark.parametrize("square", [True, False])
+def test_exact_allocation_kernel_path_is_exact(device, sign_pack, square):
+    # No arena: the payload is sized on the host; the activation is still written over h in the same pass.
+    for dtype in dtypes_for(device):
+        run_ref, ref, fused = ref_and_fused(device, dtype, None, square=square, sign_pack=sign_pack)
+        x = torch.randn(*((2, 8, 32) if device == "cpu" else (3, 40, 32)), device=device, dtype=dtype)
+        want = grads(run_ref, list(ref.parameters()), x)
+        got = grads(fused, list(fused.parameters()), x)
+        for a, b in zip(want, got):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_relu_grad_in_place_gives_the_same_bits(device):
+    from actzip.kernels import relu_mlp as K
+
+    for dtype in dtypes_for(device):
+        h = torch.randn(5, 300, device=device, dtype=dtype)
+        e = se.encode(torch.relu(h), 256)
+        grad = torch.randn_like(h)
+        args = dict(mask=e.mask, tile_offsets=e.tile_offsets, values=e.values, dtype=dtype, tile_size=256,
+                    sign_pack=False, square=True)
+        want = K.relu_grad(grad, **args)
+        same = grad.clone()
+        got = K.relu_grad(same, in_place=True, **args)
+        assert got.data_ptr() == same.data_ptr() and torch.equal(got, want)
+        with pytest.raises(ConfigError, match="contiguous"):
+            K.relu_grad(grad.t(), in_place=True, **args)

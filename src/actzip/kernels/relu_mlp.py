@@ -147,17 +147,21 @@ def relu_grad(
     square: bool,
     values_offset: torch.Tensor | None = None,
     ok: torch.Tensor | None = None,
+    in_place: bool = False,
 ) -> torch.Tensor:
     """Gradient w.r.t. ``h`` (contiguous, ``grad``'s shape) from ``grad`` w.r.t. ``relu(h)`` or ``relu(h)²``.
 
     ``ok``: the payload's one-element flag on the device (an arena reservation's); where it is false the
-    result is all NaN and no value is read."""
+    result is all NaN and no value is read. ``in_place``: written over ``grad`` (contiguous; each program
+    reads its tile before writing it), which the caller owns and no longer needs."""
     _check(dtype)
     check_tile_size(tile_size)
+    if in_place and not grad.is_contiguous():
+        raise ConfigError("relu_grad: in_place needs a contiguous grad")
     grad = grad.contiguous()
     if grad.dtype != dtype:
         raise ConfigError(f"relu_grad: grad has dtype {grad.dtype}, the payload {dtype}")
-    out = torch.empty_like(grad)
+    out = grad if in_place else torch.empty_like(grad)
     _launch(relu_grad_kernel, (grad, out, mask, tile_offsets, values), grad.numel(), dtype, tile_size, sign_pack,
             square, values_offset, ok, grad.device)
     return out

@@ -273,6 +273,7 @@ def encode(
     row: int = 8,
     passes: int = 2,
     overwrite_input: bool = False,
+    act_in_place: bool = False,
 ) -> Encoded:
     """Encode ``src`` (any dense tensor of a float dtype or its integer view; read in memory order if contiguous).
 
@@ -299,12 +300,19 @@ def encode(
     the buffer is allocated here, else as large as the input, where ``overwrite_input=True`` lets ``src``
     itself serve (it then holds garbage; its version counter is bumped so that autograd refuses a saved copy
     of it), else one is allocated for the call.
+
+    ``act_in_place=True`` writes the activation over ``src`` (contiguous), which the caller no longer needs:
+    every program reads its tile before it writes it, so the forward pass holds one hidden-size tensor, not
+    two; ``src``'s version counter is bumped, as for ``overwrite_input``.
     """
     check_tile_size(tile_size)
     allocate = values is None and arena is None
     if values_offset is not None and values is None:
         raise ConfigError("sparse encode: values_offset says where the values go in a values buffer; pass one")
     _check_options(src, sign_pack, relu, act, row, passes, overwrite_input, allocate)
+    if act_in_place and (act is None or overwrite_input or not src.is_contiguous()):
+        raise ConfigError("sparse encode: act_in_place needs act='relu' or 'relu2', a contiguous input and no "
+                          "overwrite_input (the input is then the activation, not scratch)")
     src = src.contiguous()
     view = bits_dtype(src.dtype)
     bits = check_bits(src.view(-1).view(view), src.numel())
@@ -312,7 +320,7 @@ def encode(
     elem = 4 if sign_pack else bits.element_size()
     dev = src.device
     n_tiles = -(-n // tile_size)
-    out = torch.empty_like(src) if act is not None else None
+    out = (src if act_in_place else torch.empty_like(src)) if act is not None else None
     want = torch.int32 if sign_pack else view
     work = torch.zeros(n_tiles + WORK_EXTRA if passes == 1 else WORK_EXTRA, dtype=torch.int64, device=dev)
     res = work[-(WORK_EXTRA - 1):]  # [total, nnz, sign_set, ok, start, a zero start, padding]
@@ -320,8 +328,11 @@ def encode(
     if passes == 1:
         values, start_bytes, capacity, counters = _values_target(values, values_offset, arena, want, n, tile_size,
                                                                  src, sign_pack, res)  # fmt: skip
-        return _encode_one_pass(code, bits, out, values, work, res, start_bytes, counters, capacity, tile_size, elem,
-                                relu, act, arena is not None, row)  # fmt: skip
+        e = _encode_one_pass(code, bits, out, values, work, res, start_bytes, counters, capacity, tile_size, elem,
+                             relu, act, arena is not None, row)  # fmt: skip
+        if act_in_place:
+            torch.autograd.graph.increment_version(src)
+        return e
     c = sparse.count(code, n, tile_size, sign_pack, relu=relu)
     host, total = None, res[0:1]
     if allocate:
@@ -354,7 +365,7 @@ def encode(
         if n_tiles:
             sparse_signpack.pack(scratch, c.nvals, c.tile_offsets, values, value_width(view, True), tile_size,
                                  value_offsets=value_offsets, words_base=start, ok=ok)  # fmt: skip
-    if overwrite_input and not allocate:
+    if (overwrite_input and not allocate) or act_in_place:
         torch.autograd.graph.increment_version(src)
     return Encoded(c.mask, c.tile_offsets, values, total, c.nnz, c.sign_set, res[3:4], start, out, host)
 

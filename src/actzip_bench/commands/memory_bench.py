@@ -18,7 +18,7 @@ def _bench_ffn(args: argparse.Namespace) -> int:
     device = device_from_args(args)
     console = Console()
     console.print(f"[bold]FFN stack[/]: {cfg.n_blocks} blocks, d={cfg.d}, hidden={cfg.hidden}, rows={cfg.rows}, "
-                  f"{cfg.dtype}, {cfg.matmul} matmuls, density {cfg.density}, on {device}")
+                  f"{cfg.dtype}, {cfg.matmul} matmuls, density {cfg.density}, {cfg.harness} harness, on {device}")
     record = run_ffn(cfg, device)
     record["command"] = command_line(args)
     t = Table(title=f"measured density {record['density']:.3f}")
@@ -177,9 +177,12 @@ def add_parsers(bench) -> None:
     f.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
     f.add_argument("--kernel", choices=["auto", "torch", "triton"])
     f.add_argument("--matmul", choices=["bf16", "fp8"], help="fp8: up/down as Fp8Linear (float8 matmuls)")
+    f.add_argument("--harness", choices=["actzip", "public"],
+                   help="public: the public BitSparse code's own workload (default actzip)")
     f.add_argument("--rounds", type=int)
     f.add_argument("--warmup", type=int)
-    f.add_argument("--strategies", help="comma-separated subset of none,checkpoint,cache,fused,fused-arena,fused-arena-signpack")
+    f.add_argument("--strategies", help="comma-separated subset of none,checkpoint,relu-only,cache,fused,fused-arena,"
+                   "fused-arena-signpack")
     f.add_argument("--device")
     f.add_argument("--json", metavar="PATH")
     f.set_defaults(func=_bench_ffn)

@@ -101,8 +101,8 @@ def test_payload_is_freed_by_backward():
     fused = SparseReLUMLP(nn.Linear(16, 64), nn.Linear(64, 16), square=True)
     x = torch.randn(32, 16, requires_grad=True)
     y = fused(x)
-    node = next(fn for fn, _ in y.grad_fn.next_functions if type(fn).__name__ == "SparseReLUBackward")
-    assert len(node.saved_tensors) == 3
+    node = y.grad_fn  # activation and down projection in one node: the weight and the payload's 3 buffers
+    assert type(node).__name__ == "SparseReLUDownBackward" and len(node.saved_tensors) == 4
     y.sum().backward()
     with pytest.raises(RuntimeError, match="freed"):
         node.saved_tensors
@@ -134,15 +134,19 @@ def test_dense_activation_is_not_kept_alive(gated, monkeypatch):
 
     from actzip.memory.modules import relu_mlp
 
+    from actzip.memory.modules import relu_down
+
     outputs = []
-    real_apply = relu_mlp.SparseReLU.apply
+    # The gated MLP's activation is SparseReLU's output; the plain MLP writes it over h inside one node.
+    spied = relu_mlp.SparseReLU if gated else relu_down.SparseReLUDown
+    real_apply = spied.apply
 
     def spy(*args):
         out = real_apply(*args)
-        outputs.append(weakref.ref(out))
+        outputs.append(weakref.ref(out if gated else args[0]))
         return out
 
-    monkeypatch.setattr(relu_mlp.SparseReLU, "apply", spy)
+    monkeypatch.setattr(spied, "apply", spy)
     if gated:
         ref = RefGated(16, 64, True, False)
         fused = SparseGatedReLUMLP(ref.gate_proj, ref.up_proj, ref.down_proj, square=True)

@@ -297,7 +297,7 @@ def test_auto_arena_needs_no_reset_and_stays_exact(device):
 @pytest.mark.parametrize("device", ARENA_DEVICES)
 def test_a_given_arena_is_shared_and_a_stale_payload_is_recomputed(device):
     from actzip.memory.modules import Arena
-    from actzip.memory.modules import relu_mlp
+    from actzip.memory.modules import relu_mlp, relu_payload
 
     cfg = GPTConfig.of_size("tiny", block_size=16)
     ref = GPT(cfg).to(device)
@@ -318,7 +318,7 @@ def test_a_given_arena_is_shared_and_a_stale_payload_is_recomputed(device):
         return {n: p.grad for n, p in m.named_parameters()}
 
     want = twice(ref, lambda: None)
-    relu_mlp._warned.discard("stale")
+    relu_payload._warned.discard("stale")
     before = relu_mlp.arena_overflows()
     with pytest.warns(UserWarning, match="read after its arena was reset"):
         got = twice(model, arena.reset)

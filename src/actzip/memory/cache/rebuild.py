@@ -12,6 +12,9 @@ not targets go to the enclosing cache (``actzip.cache``) if one is open (these h
 else to an enclosing :class:`rebuild_saved` block's targets, else are kept as they are. Rebuilt tensors are
 accounted as stored in 0 bytes (account rule ``rebuilt``).
 
+A producer can also mark its output as rebuildable (:func:`mark_rebuildable`, what the fused MLPs' norm hooks
+do), and a consumer that would save it asks :func:`rebuildable` for a target to open a block with.
+
 Only targets that are contiguous from offset 0 of their storage are taken (the rebuilt tensor is made that way,
 and a saved view of it is re-viewed with the same size, stride and offset); others are saved as usual.
 """
@@ -26,7 +29,7 @@ import torch
 from actzip.memory.cache.active import current_cache, record_external
 from actzip.memory.cache.roles import storage_key
 
-__all__ = ["Target", "autocast_as_now", "rebuild_saved", "recompute"]
+__all__ = ["Target", "autocast_as_now", "mark_rebuildable", "rebuild_saved", "rebuildable", "recompute"]
 
 Target = tuple[torch.Tensor, Callable[[], torch.Tensor]]
 
@@ -111,3 +114,20 @@ def autocast_as_now(device_type: str) -> Callable[[], torch.autocast]:
     enabled = torch.is_autocast_enabled(device_type)
     dtype = torch.get_autocast_dtype(device_type) if enabled else None
     return lambda: torch.autocast(device_type, dtype=dtype, enabled=enabled)
+
+
+_MARK = "actzip_rebuild"  # the attribute a marked tensor carries: (make, its version when marked)
+
+
+def mark_rebuildable(t: torch.Tensor, make: Callable[[], torch.Tensor]) -> None:
+    """Say that ``make()`` gives ``t`` again, bit for bit, for as long as ``t`` is not modified in place."""
+    setattr(t, _MARK, (make, t._version))
+
+
+def rebuildable(t: torch.Tensor) -> list[Target]:
+    """``[(t, make)]`` if ``t`` was marked by :func:`mark_rebuildable` and not modified since, else ``[]``:
+    the targets for a :class:`rebuild_saved` block around the ops that save ``t``."""
+    mark = getattr(t, _MARK, None)
+    if mark is None or mark[1] != t._version:
+        return []
+    return [(t, mark[0])]

@@ -17,20 +17,29 @@ Never stores both pre- and post-activation (as some fused ReLU² MLPs do): that 
 
 from __future__ import annotations
 
-import warnings
+import contextlib
 
 import torch
 import torch.nn as nn
 
 from actzip.codecs.base import Codec
 from actzip.codecs.sparse import SparseCodec
-from actzip.core.dtypes import bit_view_dtype
 from actzip.core import registry
 from actzip.errors import ConfigError
 from actzip.kernels import runtime
 from actzip.core.payload import Payload
-from actzip.memory.modules.arena import Arena, Reservation
-from actzip.memory.cache.rebuild import autocast_as_now, rebuild_saved
+from actzip.memory.modules.arena import Arena
+from actzip.memory.modules.relu_payload import (  # noqa: F401  (arena_overflows, relu_grad_dense: public here too)
+    activation_from_payload,
+    arena_overflows,
+    encode_into_arena,
+    must_recompute,
+    note_recompute,
+    relu_grad_dense,
+    relu_grad_from_payload,
+)
+from actzip.memory.cache.rebuild import autocast_as_now, rebuild_saved, rebuildable
+from actzip.memory.modules.relu_down import plain_projection, projection_fits, sparse_relu_down
 from actzip.memory.cache.active import record_external
 
 
@@ -39,129 +48,6 @@ def _sparse_codec(codec: Codec | None) -> Codec:
     if not codec.lossless:
         raise ConfigError(f"relu MLP: codec {codec.name!r} is lossy; the fused MLP promises exact gradients")
     return codec
-
-
-# -- what backward rebuilds from the payload ----------------------------------------------------------------
-# The PyTorch expressions below are the oracles; on CUDA (or Triton's interpreter) the kernels of
-# actzip.kernels.relu_mlp compute the same bits straight from the payload.
-
-_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _use_kernels(payload: Payload, codec: Codec) -> bool:
-    if payload.meta.get("values_buffer") is not None:
-        return True  # arena payloads exist only on the kernel path
-    return (
-        isinstance(codec, SparseCodec)
-        and payload.dtype in _KERNEL_DTYPES
-        and payload.meta.get("perm") is None
-        and codec.uses_triton(payload.device, payload.dtype, payload.meta["tile_size"], payload.meta["sign_pack"])
-    )
-
-
-def _kernel_args(payload: Payload) -> dict:
-    b, m = payload.buffers, payload.meta
-    values = m["values_buffer"] if m.get("values_buffer") is not None else b["values"]
-    dtype = torch.int32 if m["sign_pack"] else bit_view_dtype(payload.dtype)
-    res = m.get("reservation")
-    ok = res.ok if res is not None and res.device_only else None  # the kernels turn a refusal into NaN
-    return dict(mask=b["mask"], tile_offsets=b["tile_offsets"], values=values.view(dtype), dtype=payload.dtype,
-                tile_size=m["tile_size"], sign_pack=m["sign_pack"], values_offset=m.get("values_offset"), ok=ok)
-
-
-def activation_from_payload(payload: Payload, codec: Codec, square: bool) -> torch.Tensor:
-    """``relu(h)`` (or ``relu(h)²``) rebuilt from the payload of ``relu(h)``, bit for bit."""
-    if _use_kernels(payload, codec):
-        from actzip.kernels import relu_mlp as relu_mlp_kernels
-
-        return relu_mlp_kernels.activation(shape=payload.shape, square=square, **_kernel_args(payload))
-    r = codec.decode(payload)
-    return r.square() if square else r
-
-
-def relu_grad_dense(grad: torch.Tensor, r: torch.Tensor, square: bool) -> torch.Tensor:
-    """Gradient w.r.t. the pre-activation, exactly as autograd computes it for ``relu`` / ``relu(h).square()``."""
-    if square:
-        grad = grad * (2.0 * r)  # pow_backward for exponent 2: grad * (2 * r**1)
-    return torch.ops.aten.threshold_backward(grad, r, 0)
-
-
-def relu_grad_from_payload(grad: torch.Tensor, payload: Payload, codec: Codec, square: bool) -> torch.Tensor:
-    """:func:`relu_grad_dense` with ``r`` read from the payload (no dense ``r`` on the kernel path)."""
-    if _use_kernels(payload, codec) and grad.dtype == payload.dtype:
-        from actzip.kernels import relu_mlp as relu_mlp_kernels
-
-        return relu_mlp_kernels.relu_grad(grad, square=square, **_kernel_args(payload)).view(grad.shape)
-    return relu_grad_dense(grad, codec.decode(payload), square)
-
-
-def encode_into_arena(
-    h: torch.Tensor, codec: "SparseCodec", arena: Arena, square: bool
-) -> tuple[Payload, torch.Tensor, torch.Tensor]:
-    """Encode ``relu(h)`` with its values in ``arena`` in one pass over ``h``, without a host synchronization.
-
-    Returns the payload, its stored size in bytes (a device tensor) and the activation ``relu(h)`` or
-    ``relu(h)²`` the forward pass goes on with (written by the same kernel). The payload's ``reservation`` says
-    (from backward on) whether the arena had room; if not, no value was written and the caller recomputes,
-    or, if the reservation is ``device_only`` (see :meth:`Arena.device_policy`), backward gives NaN.
-    """
-    from actzip.kernels import sparse_encode
-
-    tile, sign_pack = codec.tile_size, codec.sign_pack
-    # Sign packing needs scratch as large as h, and h (made by the up projection inside the MLP's forward, kept
-    # by nothing) is dead once encoded: it serves, so the forward pass allocates nothing more for packing.
-    e = sparse_encode.encode(h, tile, sign_pack, relu=True, act="relu2" if square else "relu", arena=arena,
-                             overwrite_input=sign_pack and h.is_contiguous())
-    elem = 4 if sign_pack else h.element_size()
-    meta = {"nnz": None, "perm": None, "tile_size": tile, "sign_pack": sign_pack, "values_buffer": arena.buffer,
-            "values_offset": e.start,
-            "reservation": Reservation(e.start, e.ok, device_only=arena.device_policy(), arena=arena)}
-    payload = Payload(codec.name, h.shape, h.dtype, h.device, {"mask": e.mask, "tile_offsets": e.tile_offsets}, meta)
-    stored = e.total * elem + e.mask.numel() + 4 * e.tile_offsets.numel()
-    return payload, stored, e.act
-
-
-_overflows = 0  # arena refusals met in backward (each one recomputed relu(up(x)))
-_warned = set()  # the notices already given, by kind
-
-
-def arena_overflows() -> int:
-    """How many times backward found a payload the arena had no room for (or had reset since), and recomputed
-    it (refusals of ``device_only`` reservations are not seen by the host: ``arena.overflows()`` counts them)."""
-    return _overflows
-
-
-def _must_recompute(payload: Payload) -> str | None:
-    """Why backward must recompute the payload's values (None: read them). "stale": the arena was reset since
-    they were written; "refused": the host was told the arena had no room. A ``device_only`` reservation is
-    never asked (that would synchronize, and cannot happen in a captured graph): the kernels read its ``ok``
-    flag and write NaN for a refused payload."""
-    res = payload.meta.get("reservation")
-    if res is None:
-        return None
-    if res.stale():
-        return "stale"
-    return "refused" if not res.device_only and not res.fits() else None
-
-
-def _note_recompute(payload: Payload, why: str) -> None:
-    global _overflows
-    _overflows += 1
-    arena = payload.meta["reservation"].arena
-    if why == "refused" and arena is not None and arena.auto_reset:
-        arena.note_refusal()  # it grows at its next step: nothing for the user to do
-        return
-    if why in _warned:
-        return
-    _warned.add(why)
-    if why == "stale":
-        message = ("actzip: a relu payload was read after its arena was reset (a backward over a retained graph "
-                   "after a later step?); it is recomputed from the MLP input (exact, but a matmul more)")
-    else:
-        message = ("actzip: the arena had no room for a relu payload; it is recomputed from the MLP input in "
-                   "backward (exact, but a matmul more). Call arena.fit() between steps, give the arena more "
-                   "capacity, or let it size itself (Arena(auto_reset=True))")
-    warnings.warn(f"{message}. Announced once; see actzip.memory.modules.relu_mlp.arena_overflows().", stacklevel=3)
 
 
 class SparseReLU(torch.autograd.Function):
@@ -194,8 +80,8 @@ class SparseReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         payload = payload_of(ctx)
-        if (why := _must_recompute(payload)) is not None:
-            _note_recompute(payload, why)
+        if (why := must_recompute(payload)) is not None:
+            note_recompute(payload, why)
             gh = relu_grad_dense(grad, torch.relu(ctx.recompute()), ctx.square)
         else:
             gh = relu_grad_from_payload(grad, payload, ctx.codec, ctx.square)
@@ -206,8 +92,8 @@ class SparseReLU(torch.autograd.Function):
 
 def _rebuild_activation(node, codec: Codec, square: bool) -> torch.Tensor:
     payload = payload_of(node)
-    if (why := _must_recompute(payload)) is not None:
-        _note_recompute(payload, why)
+    if (why := must_recompute(payload)) is not None:
+        note_recompute(payload, why)
         r = torch.relu(node.recompute())
         return r.square() if square else r
     return activation_from_payload(payload, codec, square)
@@ -278,6 +164,13 @@ def _sparse_activation(module: nn.Module, proj: nn.Module, x: torch.Tensor, h: t
     return a, rebuild_a
 
 
+def _input_rebuilt(x: torch.Tensor):
+    """A block inside which saves of ``x`` become rebuild handles, if ``x`` is a marked norm output (see
+    :mod:`.norm_rebuild`): the MLP then keeps no copy of its input."""
+    targets = rebuildable(x) if torch.is_grad_enabled() else []
+    return rebuild_saved(targets) if targets else contextlib.nullcontext()
+
+
 class SparseReLUMLP(nn.Module):
     """``down(act(up(x)))`` with ``act`` relu or relu², keeping ``x`` and the payload of ``relu(up(x))``.
 
@@ -310,15 +203,28 @@ class SparseReLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         up, down = getattr(self, self._up_name), getattr(self, self._down_name)
-        h = up(x)
-        if not (torch.is_grad_enabled() and h.requires_grad):
-            r = torch.relu(h)
+        if not torch.is_grad_enabled():
+            r = torch.relu(up(x))
             y = down(r.square() if self.square else r)
         else:
-            a, rebuild_a = _sparse_activation(self, up, x, h)
-            with rebuild_saved([(a, rebuild_a)]):
-                y = down(a)
+            with _input_rebuilt(x):
+                y = self._forward_saving_payload(up, down, x)
         return self.dropout(y) if self.dropout is not None else y
+
+    def _forward_saving_payload(self, up: nn.Module, down: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        h = up(x)
+        if not h.requires_grad:
+            r = torch.relu(h)
+            return down(r.square() if self.square else r)
+        proj = plain_projection(down)
+        if proj is not None and projection_fits(h.dim(), proj) and not torch.is_autocast_enabled(h.device.type):
+            remake_h = None
+            if self.arena is not None:
+                h, remake_h = _recompute_from_saved(up, x, h)
+            return sparse_relu_down(h, proj, self.codec, self.square, self.arena, remake_h)
+        a, rebuild_a = _sparse_activation(self, up, x, h)
+        with rebuild_saved([(a, rebuild_a)]):
+            return down(a)
 
     def extra_repr(self) -> str:
         return f"activation={'relu2' if self.square else 'relu'}, codec={self.codec!r}"
@@ -351,6 +257,10 @@ class SparseGatedReLUMLP(nn.Module):
             self.add_module(name, mod)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with _input_rebuilt(x):
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up, down = (getattr(self, n) for n in self._names)
         g = gate(x)
         if not (torch.is_grad_enabled() and g.requires_grad):

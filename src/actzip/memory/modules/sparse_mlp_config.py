@@ -29,11 +29,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from actzip.api import CompressReport, Config, FilterFn, register_handler, replace_module, walk
+from actzip.api import CompressReport, Config, FilterFn, add_undo, register_handler, replace_module, walk
 from actzip.core import registry
 from actzip.errors import ConfigError, NothingToCompressError
 from actzip.kernels import runtime
 from actzip.memory.modules.arena import Arena
+from actzip.memory.modules.norm_rebuild import mark_norm_outputs
 from actzip.memory.modules.relu_mlp import SparseGatedReLUMLP, SparseReLUMLP
 
 __all__ = ["LAYOUT_ATTR", "ACTIVATION_ATTR", "SparseMLPConfig", "arena_of", "arena_refusal", "mlp_layout",
@@ -41,6 +42,7 @@ __all__ = ["LAYOUT_ATTR", "ACTIVATION_ATTR", "SparseMLPConfig", "arena_of", "are
 
 LAYOUT_ATTR = "actzip_mlp_layout"  # what an MLP class declares: (up, act, down) or (gate, up, act, down)
 ACTIVATION_ATTR = "actzip_mlp_activation"  # optional: "relu" or "relu2" when the activation object does not say
+_NORMS_HOOKED = "actzip_norms_marked"  # set on a model whose norms compress_ hooked
 
 # transformers' MLP classes, whose forwards are known to follow their layout (matched by class name only in
 # modules of the transformers package).
@@ -64,12 +66,18 @@ class SparseMLPConfig(Config):
     # kernels run and the codec options allow one, else payloads sized on the host (the report says why);
     # None: each payload sized on the host; an Arena: that one, which the caller resets unless it has auto_reset
     arena: Arena | str | None = "auto"
+    # mark the outputs of the model's norms (nn.LayerNorm, nn.RMSNorm, transformers *RMSNorm/*LayerNorm) so
+    # that a fused MLP fed by one rebuilds its input in backward from the norm's input instead of keeping it
+    # (exact; one norm forward more per MLP; see actzip.memory.modules.norm_rebuild)
+    rebuild_norms: bool = True
 
     def validate(self) -> None:
         if not isinstance(self.codec_options, dict):
             raise ConfigError(f"SparseMLPConfig.codec_options must be a dict of sparse codec options, got "
                               f"{self.codec_options!r}")
         codec = registry.get("sparse", **self.codec_options)  # unknown options fail here, listing the valid ones
+        if not isinstance(self.rebuild_norms, bool):
+            raise ConfigError(f"SparseMLPConfig.rebuild_norms must be True or False, got {self.rebuild_norms!r}")
         if not isinstance(self.trust_structure, bool):
             raise ConfigError(f"SparseMLPConfig.trust_structure must be True or False, got {self.trust_structure!r}")
         if self.arena is None:
@@ -218,3 +226,24 @@ def swap_sparse_mlps(model: nn.Module, config: SparseMLPConfig, filter_fn: Filte
             new = SparseReLUMLP(up, down, square=square, codec=codec, names=(names[0], names[2]), arena=arena,
                                 dropout=dropout if isinstance(dropout, nn.Module) else None)
         replace_module(model, fqn, new, report, f"{type(new).__name__}({kind})")
+    if config.rebuild_norms and targets:
+        _hook_norms(model, report)
+
+
+def _hook_norms(model: nn.Module, report: CompressReport) -> None:
+    """Mark the model's norm outputs (once per model, undone by restore_)."""
+    if getattr(model, _NORMS_HOOKED, False):
+        return
+    handles = mark_norm_outputs(model)
+    if not handles:
+        return
+    setattr(model, _NORMS_HOOKED, True)
+
+    def undo() -> None:
+        for h in handles:
+            h.remove()
+        delattr(model, _NORMS_HOOKED)
+
+    add_undo(model, undo)
+    report.notes.append(f"rebuild_norms: {len(handles)} norm(s) mark their outputs; a fused MLP fed by one "
+                        "rebuilds its input in backward instead of keeping it")
