@@ -6,8 +6,13 @@ kept: ``d relu(h)²/dh = 2·relu(h)`` needs ``r`` alone, and every other tensor 
 down projection's weight gradient; ``r²·u`` in the gated form) is rebuilt from the payload with the very same
 op that made it, so gradients are bit-identical to the unfused module for the same matmul path.
 
-How it stays exact: the linear layers are the caller's own modules, run by autograd as usual; only the
-activation is a custom autograd function (:class:`SparseReLU`), and the tensors the later ops would save
+A plain down projection (``nn.Linear`` or transformers' ``Conv1D`` without hooks) runs with the activation
+as one node (:mod:`.relu_down`), whose backward never holds two hidden-size tensors at once; an input that
+is a marked norm output (:mod:`.norm_rebuild`) is rebuilt in backward instead of kept. Otherwise (the gated
+form, any other down projection) the general path below runs.
+
+How the general path stays exact: the linear layers are the caller's own modules, run by autograd as usual;
+only the activation is a custom autograd function (:class:`SparseReLU`), and the tensors the later ops would save
 (``a``, ``a·u``) are replaced, through :func:`torch.autograd.graph.saved_tensors_hooks` scoped to those ops,
 by small handles that recompute them from the payload in backward. Modern matmul backward therefore sees the
 same tensors, strides included, as without actzip.
