@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from actzip.errors import ConfigError
 from actzip_bench.ffn_relu_only import relu_squared_mlp_keeping_relu
 
 __all__ = ["PUBLIC_STRATEGIES", "PublicBlock", "build_public_stack", "make_public_input", "public_steps"]
@@ -148,7 +149,7 @@ def public_steps(strategies, base: nn.ModuleList, x: torch.Tensor, kernel: str =
     for s, stack in stacks.items():
         try:
             arenas[s] = arena_of(stack)
-        except Exception:  # no arena: the strategy holds nothing between steps
+        except ConfigError:  # no arena (not an arena strategy, or no kernels here): nothing held between steps
             continue
     held = {s: (lambda a=a: a.capacity_bytes) for s, a in arenas.items()}
     return {s: (lambda s=s: step(s)) for s in strategies}, held, kept, arenas

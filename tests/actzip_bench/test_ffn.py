@@ -125,3 +125,15 @@ def test_the_relu_only_strategy_runs_beside_the_others_and_is_skipped_for_fp8():
     with pytest.raises(ConfigError, match="2-D"):
         from actzip_bench.ffn_relu_only import relu_squared_mlp_keeping_relu
         relu_squared_mlp_keeping_relu(torch.ones(2, 3, 4), torch.ones(5, 4), torch.ones(4, 5))
+
+
+def test_public_harness_runs_every_cpu_strategy_with_identical_gradients():
+    from actzip_bench.ffn import FFNBenchConfig, run_ffn
+
+    cfg = FFNBenchConfig(d=32, rows=64, n_blocks=2, density="low", rounds=1, warmup=0, kernel="torch",
+                         harness="public", strategies=("none", "checkpoint", "relu-only", "fused", "fused-arena"))
+    rec = run_ffn(cfg, torch.device("cpu"))
+    assert rec["config"]["harness"] == "public" and rec["config"]["hidden"] == 168
+    assert {r["strategy"] for r in rec["runs"]} == {"none", "checkpoint", "relu-only", "fused"}
+    assert "fused-arena" in rec["skipped"] and all(r["max_grad_abs_diff"] == 0 for r in rec["runs"])
+    assert 0.1 < rec["density"] < 0.35
