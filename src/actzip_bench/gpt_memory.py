@@ -16,9 +16,13 @@ interleaved step by step:
 - ``fused-arena-rebuild-ln2``: ``fused-arena`` with only the MLP's input (``ln_2``'s output) rebuilt: one
   LayerNorm forward more per block, for the saving that matters most once the MLP keeps only its payload;
 - ``compress``: ``actzip.compress_(model, SparseMLPConfig())`` and nothing else: the self-resetting arena and
-  the norm outputs marked, so each MLP rebuilds its input (the norm hooks stay on the shared model for the
-  other strategies too, where nothing reads the marks);
+  the norm outputs marked, so each MLP and attention projection rebuilds its input (run on a copy of the model
+  that shares its weights, :mod:`actzip_bench.one_liner`, so the hooks stay off the other strategies);
 - ``compress-signpack``: the same with ``codec_options`` sign packing (``check=False``).
+
+Each row carries ``max_grad_abs_diff``: the largest gradient difference to ``none`` after one forward and
+backward from the same weights. ``model="nemotron-h"`` runs the same measurement on a Nemotron-H-style hybrid
+(:mod:`actzip_bench.hybrid_memory`).
 """
 
 from __future__ import annotations
@@ -31,19 +35,22 @@ from actzip.core import registry
 from actzip.errors import ConfigError
 from actzip.memory import SparseReLUMLP
 from actzip_bench.models import GPT, GPTConfig
+from actzip_bench.one_liner import compressed_copy, max_grad_diffs
 
 STRATEGIES = ("none", "checkpoint", "fused", "fused-arena", "fused-arena-signpack", "rebuild", "fused-arena-rebuild",
               "fused-arena-rebuild-ln2", "compress", "compress-signpack")
 ONE_LINERS = {"compress": {}, "compress-signpack": {"sign_pack": True, "check": False}}  # codec options
 # the model's rebuild_saved option per strategy (default False)
 REBUILDS = {"rebuild": True, "fused-arena-rebuild": True, "fused-arena-rebuild-ln2": ("ln_2",)}
+MODELS = ("reference", "nemotron-h")  # the reference GPT, or a hybrid from a local transformers NemotronHConfig
 
 
 @dataclass
 class GPTBenchConfig:
-    """One reference-GPT workload."""
+    """One reference-GPT (or Nemotron-H-style) workload."""
 
-    preset: str = "gpt2-124m"  # model size
+    model: str = "reference"  # "reference": the ReLU² GPT; "nemotron-h": the hybrid (actzip_bench.hybrid_memory)
+    preset: str | None = None  # model size (default gpt2-124m, or nemotron-h-small for the hybrid)
     seq_lens: tuple[int, ...] = (1024, 4096, 8192)  # sequence lengths measured
     tokens_per_step: int = 32768  # batch = tokens_per_step // seq_len
     # Output head + loss this many tokens at a time (GPTConfig.loss_chunk; 0: full float32 logits, which then
@@ -53,12 +60,24 @@ class GPTBenchConfig:
     kernel: str = "auto"  # sparse codec kernel
     rounds: int = 10  # measured steps per strategy and length
     warmup: int = 3  # steps dropped first
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] | None = None  # default: every strategy the model has
 
     def __post_init__(self) -> None:
-        bad = [s for s in self.strategies if s not in STRATEGIES]
+        from actzip_bench.hybrid_memory import HYBRID_PRESETS, HYBRID_STRATEGIES
+
+        if self.model not in MODELS:
+            raise ConfigError(f"gpt bench: unknown model {self.model!r}; choose from {list(MODELS)}")
+        hybrid = self.model == "nemotron-h"
+        known = HYBRID_STRATEGIES if hybrid else STRATEGIES
+        if self.strategies is None:
+            self.strategies = known
+        if self.preset is None:
+            self.preset = "nemotron-h-small" if hybrid else "gpt2-124m"
+        if hybrid and self.preset not in HYBRID_PRESETS:
+            raise ConfigError(f"gpt bench: unknown nemotron-h preset {self.preset!r}; choose from {list(HYBRID_PRESETS)}")
+        bad = [s for s in self.strategies if s not in known]
         if bad:
-            raise ConfigError(f"gpt bench: unknown strategies {bad}; choose from {list(STRATEGIES)}")
+            raise ConfigError(f"gpt bench: unknown strategies {bad} for model {self.model!r}; choose from {list(known)}")
         short = [s for s in self.seq_lens if self.tokens_per_step % s]
         if short:
             raise ConfigError(f"gpt bench: tokens_per_step {self.tokens_per_step} is not a multiple of {short}")
@@ -73,6 +92,10 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
     from actzip_bench.harness import machine_record, run_interleaved, runnable_strategies
     from actzip.memory.modules.arena import PENDING_STEPS, SETTLE_STEPS, Arena
 
+    if cfg.model == "nemotron-h":
+        from actzip_bench.hybrid_memory import run_hybrid
+
+        return run_hybrid(cfg, device, progress)
     cfg, skipped = runnable_strategies(cfg, device)
 
     runs = []
@@ -89,9 +112,10 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
                                   dropout=m.dropout, arena=arena) for m in plain]
 
         fused = {s: swapped("signpack" in s, arenas.get(s)) for s in cfg.strategies if s.startswith("fused")}
+        copies = {}
         for s, opts in ONE_LINERS.items():
             if s in cfg.strategies:
-                fused[s], arena = _one_liner(model, plain, {"kernel": cfg.kernel, **opts})
+                copies[s], arena = compressed_copy(model, opts, cfg.kernel)
                 if arena is not None:
                     arenas[s] = arena
         batch = cfg.tokens_per_step // seq
@@ -99,18 +123,23 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
         idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), generator=g).to(device)
         x, y = idx[:, :-1], idx[:, 1:]
 
-        def step(strategy: str) -> None:
-            for b, mlp in zip(model.h, fused.get(strategy, plain)):
-                b.mlp = mlp
-            model.config.checkpoint_blocks = strategy == "checkpoint"
-            model.config.rebuild_saved = REBUILDS.get(strategy, False)
-            opt.zero_grad(set_to_none=True)
-            _, loss = model(x, y)
+        def backward(strategy: str) -> None:
+            m = copies.get(strategy, model)
+            if m is model:
+                for b, mlp in zip(model.h, fused.get(strategy, plain)):
+                    b.mlp = mlp
+                model.config.checkpoint_blocks = strategy == "checkpoint"
+                model.config.rebuild_saved = REBUILDS.get(strategy, False)
+            _, loss = m(x, y)
             loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
             if strategy in arenas and not arenas[strategy].auto_reset:
                 arenas[strategy].reset()
+
+        def step(strategy: str) -> None:
+            opt.zero_grad(set_to_none=True)
+            backward(strategy)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
         for strategy, arena in arenas.items():  # untimed first steps: measure the payloads, size the arena
             if arena.auto_reset:  # the one-liner's adaptive arena settles after a few fitting steps
@@ -119,6 +148,7 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
                 continue
             step(strategy)
             arena.fit()
+        grad_diff = max_grad_diffs({s: (lambda s=s: backward(s)) for s in cfg.strategies}, list(model.parameters()))
         held = {s: (lambda a=a: a.capacity_bytes) for s, a in arenas.items()}
         refused = {s: a.overflows() for s, a in arenas.items()}  # the priming step's refusals (empty arena)
         results = run_interleaved({s: (lambda s=s: step(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
@@ -129,25 +159,10 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
         for name, r in results.items():
             runs.append({
                 "seq_len": seq, "batch": batch, "strategy": name, **r.summary(), "arena_refusals": refused.get(name),
+                "max_grad_abs_diff": grad_diff[name],
                 "peak_bytes_per_token": r.peak_bytes / cfg.tokens_per_step if r.peak_bytes else None,
                 "time_vs_none": r.median_ms / base.median_ms,
                 "peak_vs_none": r.peak_bytes / base.peak_bytes if r.peak_bytes and base.peak_bytes else None,
             })
-        del model, opt, plain, fused, arenas
+        del model, opt, plain, fused, arenas, copies
     return {"config": asdict(cfg), "runs": runs, "skipped": skipped, "machine": machine_record(device)}
-
-
-def _one_liner(model, plain: list, codec_options: dict):
-    """The MLPs ``compress_(model, SparseMLPConfig(...))`` makes, and their arena; the plain MLPs are put back
-    (the norm hooks stay), so the strategies keep sharing one model."""
-    from actzip.memory.modules import SparseMLPConfig, arena_of, compress_
-
-    compress_(model, SparseMLPConfig(codec_options=codec_options))
-    swapped = [b.mlp for b in model.h]
-    try:
-        arena = arena_of(model)
-    except ConfigError:  # no arena where the kernels cannot run (compress_'s report says so)
-        arena = None
-    for b, m in zip(model.h, plain):
-        b.mlp = m
-    return swapped, arena

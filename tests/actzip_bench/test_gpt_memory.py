@@ -6,7 +6,7 @@ from actzip.errors import ConfigError
 
 
 def test_tiny_run_has_every_strategy_and_length():
-    cfg = GPTBenchConfig(preset="tiny", seq_lens=(32, 64), tokens_per_step=128, dtype="float32", rounds=1, warmup=1)
+    cfg = GPTBenchConfig(preset="tiny", seq_lens=(32, 64), tokens_per_step=128, dtype="float32", rounds=1, warmup=0)
     rec = run_gpt(cfg, torch.device("cpu"))
     got = {(r["seq_len"], r["strategy"]) for r in rec["runs"]}
     # On the CPU the arena strategies need compiled kernels: they are listed as skipped, with the reason.

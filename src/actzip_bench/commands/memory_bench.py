@@ -45,13 +45,14 @@ def _bench_gpt(args: argparse.Namespace) -> int:
     console = Console()
     record = run_gpt(cfg, device)
     record["command"] = command_line(args)
-    t = Table(title=f"reference GPT ({cfg.preset}, {cfg.dtype}), {cfg.tokens_per_step} tokens/step, {device}")
-    for col in ("seq", "strategy", "median ms", "vs none", "peak KiB/token", "vs none"):
+    t = Table(title=f"{cfg.model} ({cfg.preset}, {cfg.dtype}), {cfg.tokens_per_step} tokens/step, {device}")
+    for col in ("seq", "strategy", "median ms", "vs none", "peak KiB/token", "vs none", "max |Δgrad|"):
         t.add_column(col, justify="left" if col == "strategy" else "right")
     for r in record["runs"]:
         peak = "n/a" if r["peak_bytes_per_token"] is None else f"{r['peak_bytes_per_token'] / 1024:.1f}"
         rel = "" if r["peak_vs_none"] is None else f"{r['peak_vs_none'] - 1:+.1%}"
-        t.add_row(str(r["seq_len"]), r["strategy"], f"{r['median_ms']:.2f}", f"{r['time_vs_none'] - 1:+.2%}", peak, rel)
+        t.add_row(str(r["seq_len"]), r["strategy"], f"{r['median_ms']:.2f}", f"{r['time_vs_none'] - 1:+.2%}", peak, rel,
+                  f"{r['max_grad_abs_diff']:.3g}")
     console.print(t)
     write_json(record, args.json, console)
     return 0
@@ -186,8 +187,11 @@ def add_parsers(bench) -> None:
     f.add_argument("--device")
     f.add_argument("--json", metavar="PATH")
     f.set_defaults(func=_bench_ffn)
-    gp = bench.add_parser("gpt", help="reference ReLU² GPT: per-token peak memory and step time per strategy")
-    gp.add_argument("--preset", help="model size (default gpt2-124m)")
+    gp = bench.add_parser("gpt", help="reference ReLU² GPT or a Nemotron-H-style hybrid: per-token peak memory and "
+                          "step time per strategy")
+    gp.add_argument("--model", choices=["reference", "nemotron-h"],
+                    help="reference: actzip's ReLU² GPT (default); nemotron-h: transformers' NemotronH from a local config")
+    gp.add_argument("--preset", help="model size (default gpt2-124m; nemotron-h: nemotron-h-small or nemotron-h-tiny)")
     gp.add_argument("--seq-lens", dest="seq_lens", help="comma-separated (default 1024,4096,8192)")
     gp.add_argument("--tokens-per-step", type=int, dest="tokens_per_step")
     gp.add_argument("--loss-chunk", type=int, dest="loss_chunk", help="tokens per loss chunk (0: full logits)")
@@ -195,8 +199,9 @@ def add_parsers(bench) -> None:
     gp.add_argument("--kernel", choices=["auto", "torch", "triton"])
     gp.add_argument("--rounds", type=int)
     gp.add_argument("--warmup", type=int)
-    gp.add_argument("--strategies", help="comma-separated subset of none,checkpoint,fused,fused-arena,fused-arena-signpack,rebuild,fused-arena-rebuild,"
-                    "fused-arena-rebuild-ln2")
+    gp.add_argument("--strategies", help="comma-separated subset of none,checkpoint,fused,fused-arena,fused-arena-signpack,"
+                    "rebuild,fused-arena-rebuild,fused-arena-rebuild-ln2,compress,compress-signpack (nemotron-h: "
+                    "none,checkpoint,compress,compress-signpack)")
     gp.add_argument("--device")
     gp.add_argument("--json", metavar="PATH")
     gp.set_defaults(func=_bench_gpt)

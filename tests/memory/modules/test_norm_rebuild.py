@@ -1,4 +1,5 @@
-"""Norm outputs marked by compress_(SparseMLPConfig()): the fused MLP keeps no copy of its input, exactly."""
+"""Norm outputs marked by compress_(SparseMLPConfig()): the fused MLP and the projections it feeds keep no copy
+of it, exactly."""
 
 import copy
 
@@ -9,7 +10,7 @@ import torch.nn as nn
 from actzip.memory.cache import CacheConfig, CacheContext
 from actzip.memory.cache.rebuild import mark_rebuildable, rebuildable
 from actzip.memory.modules import SparseMLPConfig, SparseReLUMLP, compress_, restore_
-from actzip.memory.modules.norm_rebuild import is_norm, mark_norm_outputs
+from actzip.memory.modules.norm_rebuild import is_norm, mark_norm_outputs, rebuild_projection_inputs
 from actzip_bench.models import GPT, GPTConfig
 
 
@@ -74,8 +75,11 @@ def test_compress_hooks_the_norms_once_and_restore_removes_them():
     norms = [m for m in model.modules() if is_norm(m)]
     assert norms and all(len(m._forward_hooks) == 1 for m in norms)
     assert any("rebuild_norms" in n for n in report.notes)
+    attention = [b.attn.c_attn for b in model.h]
+    assert all(len(m._forward_pre_hooks) == 1 and len(m._forward_hooks) == 1 for m in attention)
     restore_(model)
     assert all(len(m._forward_hooks) == 0 for m in norms)
+    assert all(len(m._forward_pre_hooks) == 0 and len(m._forward_hooks) == 0 for m in attention)
     compress_(model, SparseMLPConfig(rebuild_norms=False))
     assert all(len(m._forward_hooks) == 0 for m in norms)
 
@@ -85,3 +89,64 @@ def test_rebuild_norms_must_be_a_bool():
 
     with pytest.raises(ConfigError, match="rebuild_norms"):
         SparseMLPConfig(rebuild_norms="yes")
+
+
+def _saved_storage_bytes(model, idx, targets):
+    """Bytes of the distinct storages autograd keeps for one forward (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in params:
+            seen[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, loss = model(idx, targets)
+    return sum(seen.values()), loss
+
+
+def test_projections_fed_a_norm_output_rebuild_it_so_it_is_freed_and_gradients_are_identical():
+    torch.manual_seed(0)
+    ref = GPT(GPTConfig.of_size("tiny"))
+    model = copy.deepcopy(ref)
+    report = compress_(model, SparseMLPConfig())
+    assert any("projection(s)" in n for n in report.notes)
+    only_mlp = copy.deepcopy(ref)
+    compress_(only_mlp, SparseMLPConfig(rebuild_norms=False))
+    idx = torch.randint(0, ref.config.vocab_size, (2, 32))
+    grads = []
+    for m in (ref, model):
+        _, loss = m(idx, idx)
+        loss.backward()
+        grads.append([p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    with_rebuild, _ = _saved_storage_bytes(model, idx, idx)
+    without, _ = _saved_storage_bytes(only_mlp, idx, idx)
+    n_bytes = idx.numel() * ref.config.n_embd * 4  # one norm output per norm, float32
+    # ln_1 (read by c_attn) and ln_2 (read by the MLP) in every block are no longer kept
+    assert without - with_rebuild >= 2 * ref.config.n_layer * n_bytes
+
+
+def test_a_norm_input_changed_in_place_after_the_forward_is_an_error_not_a_wrong_gradient():
+    from actzip.errors import ActzipError
+
+    class InPlaceResidual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = nn.RMSNorm(8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            x = x * 1.0
+            y = self.proj(self.norm(x))
+            x.add_(1.0)  # the norm's input changes after its output was consumed
+            return y
+
+    model = InPlaceResidual()
+    mark_norm_outputs(model)
+    rebuild_projection_inputs(model)
+    y = model(torch.randn(4, 8, requires_grad=True))
+    # the projection's backward runs first and rebuilds the norm output: the check there raises
+    with pytest.raises(ActzipError, match="modified in place"):
+        y.square().sum().backward()

@@ -1,13 +1,18 @@
-"""Norm outputs marked as rebuildable, so that a fused MLP keeps no copy of its input.
+"""Norm outputs marked as rebuildable, so that the layers they feed keep no copy of them.
 
-A pre-norm block feeds its MLP ``n = norm(x)``; the MLP's first projection saves ``n`` for its weight
-gradient, while the norm's backward keeps ``x``. :func:`mark_norm_outputs` puts a forward hook on each norm
-module that marks its output with how to make it again (``norm.forward(x)``, the same op on the same input:
-the same bits); a fused MLP that receives a marked tensor keeps a rebuild handle in its place
-(:func:`actzip.memory.cache.rebuild.rebuildable`). Nothing else reads the mark, so other consumers of ``n``
-(attention, say) save it as before. The saving is real where the norm's backward keeps ``x`` itself
-(``nn.LayerNorm``, ``nn.RMSNorm`` on CUDA); a norm that saves only an upcast copy of ``x`` leaves ``x`` alive
-through the handle, which then costs as much as the copy of ``n`` it replaces, plus one norm forward.
+A pre-norm block feeds its MLP and its attention ``n = norm(x)``; their first projections save ``n`` for
+their weight gradients, while the norm's backward keeps ``x``. :func:`mark_norm_outputs` puts a forward hook on
+each norm module that marks its output with how to make it again (``norm.forward(x)``, the same op on the same
+input: the same bits). A fused MLP that receives a marked tensor keeps a rebuild handle in its place
+(:func:`actzip.memory.cache.rebuild.rebuildable`), and so does every ``nn.Linear`` / transformers ``Conv1D``
+hooked by :func:`rebuild_projection_inputs` (attention's q/k/v or fused qkv projection, a Mamba in-projection,
+an output head): once all consumers keep handles, ``n`` itself is freed after the forward. The saving is
+real where the norm's backward keeps ``x`` itself (``nn.LayerNorm``, ``nn.RMSNorm`` on CUDA); a norm that saves
+only an upcast copy of ``x`` leaves ``x`` alive through the handle, which then costs as much as the copy of
+``n`` it replaces, plus one norm forward per consumer.
+
+A rebuild checks that the norm's input was not modified in place since the forward (an in-place residual
+update, say) and raises :class:`~actzip.errors.ActzipError` rather than rebuild from changed values.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from actzip.memory.cache.rebuild import mark_rebuildable, recompute
+from actzip.errors import ActzipError
+from actzip.memory.cache.rebuild import mark_rebuildable, rebuild_saved, rebuildable, recompute
 
-__all__ = ["is_norm", "mark_norm_outputs"]
+__all__ = ["is_norm", "is_projection", "mark_norm_outputs", "rebuild_projection_inputs"]
 
 _NORM_SUFFIXES = ("RMSNorm", "LayerNorm")  # transformers' norm classes (LlamaRMSNorm, NemotronHRMSNorm, ...)
 
@@ -31,13 +37,63 @@ def is_norm(module: nn.Module) -> bool:
     return cls.__module__.startswith("transformers.") and cls.__name__.endswith(_NORM_SUFFIXES)
 
 
+def is_projection(module: nn.Module) -> bool:
+    """A layer that saves its input for its weight gradient: ``nn.Linear`` (and subclasses) or transformers'
+    ``Conv1D``."""
+    if isinstance(module, nn.Linear):
+        return True
+    cls = type(module)
+    return cls.__module__.startswith("transformers.") and cls.__name__ == "Conv1D"
+
+
+def _checked(make, x: torch.Tensor, norm: nn.Module):
+    version = x._version
+
+    def again() -> torch.Tensor:
+        if x._version != version:
+            raise ActzipError(f"rebuild_norms: the input of {type(norm).__name__} was modified in place after the "
+                              "forward, so its output cannot be rebuilt for backward; compress_ with "
+                              "SparseMLPConfig(rebuild_norms=False) for this model")
+        return make()
+
+    return again
+
+
 def _mark(module: nn.Module, args: tuple, output) -> None:
     if (torch.is_grad_enabled() and len(args) == 1 and isinstance(args[0], torch.Tensor)
             and isinstance(output, torch.Tensor) and output.requires_grad
             and len(module._forward_hooks) == 1):  # another hook may have changed the output
-        mark_rebuildable(output, recompute(module.forward, args[0]))
+        mark_rebuildable(output, _checked(recompute(module.forward, args[0]), args[0], module))
 
 
 def mark_norm_outputs(model: nn.Module) -> list:
     """Hook every norm of ``model`` (see :func:`is_norm`) to mark its outputs; returns the hook handles."""
     return [m.register_forward_hook(_mark) for m in model.modules() if is_norm(m)]
+
+
+def rebuild_projection_inputs(model: nn.Module, skip: tuple[type, ...] = ()) -> list:
+    """Hook every projection of ``model`` (see :func:`is_projection`) outside modules of the ``skip`` types so
+    that, fed a marked norm output, it keeps a rebuild handle instead of it; returns the hook handles."""
+    inside = {id(d) for m in model.modules() if isinstance(m, skip) for d in m.modules()}
+    handles = []
+    for m in model.modules():
+        if id(m) in inside or not is_projection(m):
+            continue
+        blocks: list = []  # one entry per call in flight: the open rebuild block, or None
+
+        def opened(module, args, blocks=blocks) -> None:
+            targets = (rebuildable(args[0]) if torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor)
+                       else [])
+            block = rebuild_saved(targets) if targets else None
+            if block is not None:
+                block.__enter__()
+            blocks.append(block)
+
+        def closed(module, args, output, blocks=blocks) -> None:
+            block = blocks.pop() if blocks else None
+            if block is not None:
+                block.__exit__(None, None, None)
+
+        handles.append(m.register_forward_pre_hook(opened))
+        handles.append(m.register_forward_hook(closed, always_call=True))
+    return handles

@@ -34,7 +34,7 @@ from actzip.core import registry
 from actzip.errors import ConfigError, NothingToCompressError
 from actzip.kernels import runtime
 from actzip.memory.modules.arena import Arena
-from actzip.memory.modules.norm_rebuild import mark_norm_outputs
+from actzip.memory.modules.norm_rebuild import mark_norm_outputs, rebuild_projection_inputs
 from actzip.memory.modules.relu_mlp import SparseGatedReLUMLP, SparseReLUMLP
 
 __all__ = ["LAYOUT_ATTR", "ACTIVATION_ATTR", "SparseMLPConfig", "arena_of", "arena_refusal", "mlp_layout",
@@ -67,8 +67,9 @@ class SparseMLPConfig(Config):
     # None: each payload sized on the host; an Arena: that one, which the caller resets unless it has auto_reset
     arena: Arena | str | None = "auto"
     # mark the outputs of the model's norms (nn.LayerNorm, nn.RMSNorm, transformers *RMSNorm/*LayerNorm) so
-    # that a fused MLP fed by one rebuilds its input in backward from the norm's input instead of keeping it
-    # (exact; one norm forward more per MLP; see actzip.memory.modules.norm_rebuild)
+    # that the fused MLPs and every nn.Linear / Conv1D fed by one (attention projections, ...) rebuild it in
+    # backward from the norm's input instead of keeping it (exact; one norm forward more per consumer; see
+    # actzip.memory.modules.norm_rebuild)
     rebuild_norms: bool = True
 
     def validate(self) -> None:
@@ -237,6 +238,9 @@ def _hook_norms(model: nn.Module, report: CompressReport) -> None:
     handles = mark_norm_outputs(model)
     if not handles:
         return
+    n_norms = len(handles)
+    projections = rebuild_projection_inputs(model, skip=(SparseReLUMLP, SparseGatedReLUMLP))
+    handles += projections
     setattr(model, _NORMS_HOOKED, True)
 
     def undo() -> None:
@@ -245,5 +249,6 @@ def _hook_norms(model: nn.Module, report: CompressReport) -> None:
         delattr(model, _NORMS_HOOKED)
 
     add_undo(model, undo)
-    report.notes.append(f"rebuild_norms: {len(handles)} norm(s) mark their outputs; a fused MLP fed by one "
-                        "rebuilds its input in backward instead of keeping it")
+    report.notes.append(f"rebuild_norms: {n_norms} norm(s) mark their outputs; the fused MLPs and "
+                        f"{len(projections) // 2} other projection(s) (nn.Linear / Conv1D) fed one rebuild it in "
+                        "backward instead of keeping it")
