@@ -102,7 +102,7 @@ def saved_by_kind(model, x: torch.Tensor, y: torch.Tensor, chunk: int, pattern: 
         key = t.untyped_storage().data_ptr()
         if key not in params and key not in seen:
             seen[key] = (where[0], t.untyped_storage().nbytes())
-        return t
+        return t.detach()  # t itself would tie an output to its own node: a cycle that keeps the graph alive
 
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

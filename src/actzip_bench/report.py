@@ -180,19 +180,36 @@ def _refusals(run: dict) -> str:
 def _gpt_section(path: Path, root: Path) -> str:
     rec = json.loads(path.read_text())
     c = rec["config"]
+    grads = all("max_grad_abs_diff" in r for r in rec["runs"])
+    if c.get("model", "reference") == "nemotron-h":
+        m = rec["model"]
+        title = "Nemotron-H-style hybrid: per-token peak memory and step time"
+        what = (f"transformers NemotronH ({m['params'] / 1e6:.0f}M params, pattern `{m['pattern']}`: M Mamba-2, * attention, "
+                f"- ReLU² MLP; d={m['hidden_size']}, MLP {m['intermediate_size']}; Mamba path: {m['mamba_path']})")
+    else:
+        title, what = "Reference GPT: per-token peak memory and step time", f"{c['preset']} ReLU² GPT"
     lines = [
-        "\n## Reference GPT: per-token peak memory and step time\n",
-        (f"{c['preset']} ReLU² GPT, {c['dtype']}, AdamW, {c['tokens_per_step']} tokens per step, loss over chunks of "
+        f"\n## {title}\n",
+        (f"{what}, {c['dtype']}, AdamW, {c['tokens_per_step']} tokens per step, loss over chunks of "
          f"{c.get('loss_chunk', 0) or 'all'} tokens, strategies interleaved step by step (median). Peak per token = "
-         "step peak / tokens.\n"),
+         "step peak / tokens." + (" Δgrad: max |grad − grad of none| after one step from the same weights (for "
+                                   "none: between two of its own runs, the non-deterministic kernels' floor)."
+                                   if grads else "") + "\n"),
         _provenance(rec, path, root) + "\n",
-        "| seq | strategy | step ms | vs none | peak KiB/token | vs none |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| seq | strategy | step ms | vs none | peak KiB/token | vs none |" + (" Δgrad |" if grads else ""),
+        "|---:|---|---:|---:|---:|---:|" + ("---:|" if grads else ""),
     ]
     for r in rec["runs"]:
         lines.append(f"| {r['seq_len']} | {r['strategy']}{_refusals(r)} | {r['median_ms']:.2f} | "
                      f"{r['time_vs_none'] - 1:+.1%} | {r['peak_bytes_per_token'] / 1024:.1f} | "
-                     f"{r['peak_vs_none'] - 1:+.1%} |")
+                     f"{r['peak_vs_none'] - 1:+.1%} |" + (f" {r['max_grad_abs_diff']:.3g} |" if grads else ""))
+    if rec.get("saved_by_kind"):
+        kinds = list(rec["saved_by_kind"][0]["saved_bytes_per_token"])
+        lines += ["", "Bytes autograd keeps after the forward, KiB per token, by the kind of layer that saved them:", "",
+                  "| seq | strategy | " + " | ".join(kinds) + " |", "|---:|---|" + "---:|" * len(kinds)]
+        for b in rec["saved_by_kind"]:
+            lines.append(f"| {b['seq_len']} | {b['strategy']} | "
+                         + " | ".join(f"{b['saved_bytes_per_token'][k] / 1024:.1f}" for k in kinds) + " |")
     return "\n".join(lines) + "\n"
 
 

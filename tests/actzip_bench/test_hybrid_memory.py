@@ -36,3 +36,20 @@ def test_bad_hybrid_config():
         GPTBenchConfig(model="nemotron-h", preset="gpt2-124m")
     with pytest.raises(ConfigError, match="unknown model"):
         GPTBenchConfig(model="mamba")
+
+
+def test_the_breakdown_frees_its_forward_graph():
+    """A forward whose graph outlived it would keep an arena's payloads open: every later one refused."""
+    import gc
+    import weakref
+
+    from actzip_bench.hybrid_memory import saved_by_kind
+
+    torch.manual_seed(0)
+    model = build_hybrid("nemotron-h-tiny", 16)
+    outputs = []
+    model.model.layers[1].register_forward_hook(lambda m, a, o: outputs.append(weakref.ref(o)))
+    x = torch.randint(0, 256, (1, 16))
+    by = saved_by_kind(model, x, x, 8, "M-*-")
+    gc.collect()
+    assert by["mlp"] > 0 and outputs and outputs[0]() is None

@@ -100,7 +100,7 @@ def _saved_storage_bytes(model, idx, targets):
         key = t.untyped_storage().data_ptr()
         if key not in params:
             seen[key] = t.untyped_storage().nbytes()
-        return t
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         _, loss = model(idx, targets)
