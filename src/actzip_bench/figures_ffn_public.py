@@ -45,7 +45,7 @@ def ffn_public(root: Path) -> str:
     public = load(root, PUBLIC)
     any_rec = next(iter(runs.values()))
     versions = {r["machine"].get("code_version") for r in runs.values()}
-    version = next(iter(versions))[:10] if len(versions) == 1 and None not in versions else f"{len(versions)} versions"
+    version = ", ".join(sorted(v[:10] if v else "unrecorded" for v in versions))
     c = any_rec["config"]
     lines = [f"{c['n_blocks']} blocks, d={c['d']}, hidden {c['hidden']}, {c['dtype']}, on {gpu(any_rec)}, code "
              f"{version}; peak in MiB above what was resident, arena included, and step time against plain "
