@@ -132,18 +132,17 @@ def test_dense_activation_is_not_kept_alive(gated, monkeypatch):
     # After forward only the payload may remain: relu(h)² (and the gated product) must be freed.
     import weakref
 
-    from actzip.memory.modules import relu_mlp
-
     from actzip.memory.modules import relu_down
 
     outputs = []
-    # The gated MLP's activation is SparseReLU's output; the plain MLP writes it over h inside one node.
-    spied = relu_mlp.SparseReLU if gated else relu_down.SparseReLUDown
+    # Both forms run as one node with a plain down projection: the activation (and the gated product) is
+    # written over h, the node's first input.
+    spied = relu_down.SparseReLUDown
     real_apply = spied.apply
 
     def spy(*args):
         out = real_apply(*args)
-        outputs.append(weakref.ref(out if gated else args[0]))
+        outputs.append(weakref.ref(args[0]))
         return out
 
     monkeypatch.setattr(spied, "apply", spy)

@@ -239,7 +239,10 @@ class SparseGatedReLUMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` (Llama-style) with ``act`` relu or relu².
 
     Keeps ``x``, ``up(x)`` and the payload of ``relu(gate(x))``; ``act(gate(x))`` and the product are rebuilt
-    from them in backward.
+    from them in backward. With a plain down projection the activation, the product and the projection run
+    as one node (:mod:`.relu_down`): the product is written over the gate's output in forward, and backward
+    writes the gradients over the tensors it rebuilt. With an arena and a plain down projection, the gate's
+    output buffer is overwritten (a forward hook on the gate that keeps its output would see it change).
     """
 
     def __init__(
@@ -271,9 +274,23 @@ class SparseGatedReLUMLP(nn.Module):
         if not (torch.is_grad_enabled() and g.requires_grad):
             r = torch.relu(g)
             return down((r.square() if self.square else r) * up(x))
+        proj = plain_projection(down)
+        if proj is not None and projection_fits(g.dim(), proj) and not torch.is_autocast_enabled(g.device.type):
+            u = up(x)
+            if u.shape == g.shape and u.dtype == g.dtype:
+                remake_g = None
+                if self.arena is not None:
+                    g, remake_g = _recompute_from_saved(gate, x, g)
+                return sparse_relu_down(g, proj, self.codec, self.square, self.arena, remake_g, u=u)
+            return self._general(down, x, g, u, _sparse_activation(self, gate, x, g))
         a, rebuild_a = _sparse_activation(self, gate, x, g)
 
-        u = up(x)
+        return self._general(down, x, g, up(x), (a, rebuild_a))
+
+    @staticmethod
+    def _general(down: nn.Module, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor, activation) -> torch.Tensor:
+        """``down(a · u)`` by autograd, ``a`` and the product rebuilt from the payload in backward."""
+        a, rebuild_a = activation
         with rebuild_saved([(a, rebuild_a)]):
             p = a * u
 
