@@ -6,6 +6,7 @@ from actzip.api import CompressReport, compress_, restore_
 from actzip.memory.cache import CacheConfig, cache
 from actzip.memory.lora import LoRAConfig
 from actzip.memory.modules import Fp8LinearConfig, SketchedLinearConfig, SparseMLPConfig
+from actzip.memory.planner import PlannerConfig
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,7 @@ __all__ = [
     "LoRAConfig",
     "SketchedLinearConfig",
     "SparseMLPConfig",
+    "PlannerConfig",
     "cache",
     "codecs",
     "compress_",

@@ -33,6 +33,7 @@ from actzip.memory.modules import (
     arena_of,
 )
 from actzip.memory.lora import LoRAConfig, LoRALinear
+from actzip.memory.planner import Plan, PlannerConfig, plan_of
 from actzip.memory.modules.fp8_linear import fp8_linears_  # deprecated alias, warns once
 from actzip.memory.modules.sketched_linear import sketch_linears_  # deprecated alias, warns once
 
@@ -40,6 +41,7 @@ from actzip.memory.modules.sketched_linear import sketch_linears_  # deprecated 
 RoleTracker = compat.deprecated(cache.RoleTracker, "actzip.memory.RoleTracker", "actzip.cache(...)")
 
 __all__ = [
+    "plan_of",
     "ActivationCache",
     "Arena",
     "CacheConfig",
@@ -51,6 +53,8 @@ __all__ = [
     "LoRAConfig",
     "LoRALinear",
     "PRESETS",
+    "Plan",
+    "PlannerConfig",
     "RoleTracker",
     "Rule",
     "RuleStats",

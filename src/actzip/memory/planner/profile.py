@@ -1,0 +1,110 @@
+"""Measure every option of every unit on the user's own probe step: bytes kept, time added, gradient error.
+
+Each option runs on all units at once (``repeats`` timed steps after one warm-up): a unit's bytes are what its
+own block kept; the time an option adds is the step's time over ``keep``'s, shared evenly by the units (they
+are the same block); its risk is the relative error of the unit's own parameter gradients against ``keep``'s
+(0 for the lossless options, which are checked to be bit-identical).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from actzip.memory.planner.options import LOSSLESS
+from actzip.memory.planner.planned import PlannedUnits
+from actzip.memory.planner.solver import UnitCosts
+
+__all__ = ["Profile", "profile"]
+
+
+class Profile:
+    """The measurements: ``costs`` per unit, ``base_bytes``, the probe's ``tokens``, and ``inexact`` lossless
+    options (should be empty)."""
+
+    def __init__(self, costs: list[UnitCosts], base_bytes: float, tokens: int, inexact: list[str]) -> None:
+        self.costs, self.base_bytes, self.tokens, self.inexact = costs, base_bytes, tokens, inexact
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step(model: nn.Module, probe: Callable[[nn.Module], torch.Tensor], device: torch.device):
+    for p in model.parameters():
+        p.grad = None
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    start = time.perf_counter()
+    probe(model).backward()
+    _sync(device)
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else 0
+    return seconds, peak
+
+
+def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module], torch.Tensor],
+            options: tuple[str, ...], repeats: int = 3, progress: Callable[[str], None] | None = None) -> Profile:
+    """Run ``probe(model).backward()`` under each option (``keep`` first) and measure it."""
+    device = next(model.parameters()).device
+    unit_params = [[p for p in m.parameters() if p.requires_grad] for _, m in planned.units]
+    n = len(planned.units)
+    seconds, peaks, grads, kept, inputs = {}, {}, {}, {}, {}
+    planned.measure = True
+    try:
+        for option in ("keep", *[o for o in options if o != "keep"]):
+            if progress is not None:
+                progress(option)
+            planned.forced = option
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a fallback is announced once by the library itself
+                _step(model, probe, device)  # warm-up
+                runs = [_step(model, probe, device) for _ in range(repeats)]
+            seconds[option] = statistics.median(r[0] for r in runs)
+            peaks[option] = max(r[1] for r in runs)
+            grads[option] = [[p.grad.detach().clone() if p.grad is not None else None for p in ps]
+                             for ps in unit_params]
+            kept[option] = [planned.kept_bytes(i, option) if option != "checkpoint" else planned.input_bytes[i]
+                            for i in range(n)]
+            inputs[option] = list(planned.input_bytes)
+    finally:
+        planned.forced, planned.measure = None, False
+        for p in model.parameters():
+            p.grad = None
+    tokens = planned.tokens
+    keep_kept = kept["keep"]
+    base = max(peaks["keep"] - sum(keep_kept), 0.0) if device.type == "cuda" else 0.0
+    inexact = []
+    costs = []
+    for i, (name, _) in enumerate(planned.units):
+        names, b, s, r, t = [], [], [], [], []
+        for option in seconds:
+            err = _relative_error(grads[option][i], grads["keep"][i])
+            if option in LOSSLESS and err != 0.0:
+                inexact.append(f"{name}:{option}")
+            names.append(option)
+            b.append(float(kept[option][i]))
+            s.append(max(seconds[option] - seconds["keep"], 0.0) / n)
+            r.append(err)
+            t.append(float(keep_kept[i]) if option == "checkpoint" else 0.0)
+        costs.append(UnitCosts(name, tuple(names), tuple(b), tuple(s), tuple(r), tuple(t)))
+    return Profile(costs, base, tokens, inexact)
+
+
+def _relative_error(got: list, want: list) -> float:
+    num = den = 0.0
+    for g, w in zip(got, want):
+        if g is None or w is None:
+            continue
+        if not torch.equal(g, w):
+            num += float((g.double() - w.double()).square().sum())
+        den += float(w.double().square().sum())
+    return (num ** 0.5) / (den ** 0.5) if den > 0 else (0.0 if num == 0 else float("inf"))

@@ -1,0 +1,37 @@
+"""Recovery units: the repeated blocks of a model (a transformer's layers), each planned on its own."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch.nn as nn
+
+from actzip.errors import NothingToCompressError
+
+__all__ = ["find_units", "model_signature"]
+
+
+def find_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The children of the model's largest ``nn.ModuleList`` whose members all share one class (GPT-2's ``h``,
+    Llama's ``layers``, ...), as ``(path, module)``; the first such list if several tie."""
+    best: tuple[str, nn.ModuleList] | None = None
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) >= 1 and len({type(c) for c in m}) == 1:
+            if best is None or len(m) > len(best[1]):
+                best = (name, m)
+    if best is None:
+        raise NothingToCompressError(f"planner: {type(model).__name__} has no nn.ModuleList of repeated blocks to "
+                                     "plan (a transformer's layers)")
+    prefix = f"{best[0]}." if best[0] else ""
+    return [(f"{prefix}{i}", c) for i, c in enumerate(best[1])]
+
+
+def model_signature(model: nn.Module, units: list[tuple[str, nn.Module]]) -> str:
+    """A digest of the units' paths and classes and every parameter's name, shape and dtype: a plan made for
+    one model is refused by another."""
+    h = hashlib.sha256()
+    for name, m in units:
+        h.update(f"{name}:{type(m).__qualname__};".encode())
+    for name, p in model.named_parameters():
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+    return h.hexdigest()[:16]

@@ -1,0 +1,128 @@
+"""compress_(model, PlannerConfig(...)): profiled on the probe, solved, applied, exact where lossless, undone."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from actzip import compress_, restore_
+from actzip.errors import ConfigError, NothingToCompressError
+from actzip.memory.planner import PlannerConfig, plan_of
+
+pytest.importorskip("scipy")
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))).square())
+
+
+class Stack(nn.Module):
+    def __init__(self, d=32, n=4):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).square().mean()
+
+
+def _setup(budget_fraction=None, **kw):
+    torch.manual_seed(0)
+    ref = Stack()
+    x = torch.randn(2, 32, 32)
+    model = copy.deepcopy(ref)
+    probe = lambda m: m(x)  # noqa: E731
+    if budget_fraction is None:
+        return ref, model, probe, x
+    whole = copy.deepcopy(ref)
+    compress_(whole, PlannerConfig(budget_bytes=1 << 40, probe=probe, repeats=1))
+    keep = sum(u.bytes[0] for u in plan_of(whole).units)
+    report = compress_(model, PlannerConfig(budget_bytes=int(keep * budget_fraction), probe=probe, repeats=1, **kw))
+    return ref, model, probe, x, report, keep
+
+
+def grads(m, probe):
+    for p in m.parameters():
+        p.grad = None
+    probe(m).backward()
+    return [p.grad.clone() for p in m.parameters()]
+
+
+def test_a_generous_budget_keeps_everything_and_a_tight_one_saves_exactly():
+    ref, model, probe, x, report, keep = _setup(0.6)
+    plan = plan_of(model)
+    chosen = plan.options_for(plan.probe_tokens)
+    assert plan.probe_tokens == 64 and len(chosen) == 4
+    assert set(chosen) <= {"keep", "checkpoint", "lossless"} and set(chosen) != {"keep"}
+    assert plan.predicted_peak(64) <= 0.6 * keep
+    assert [w for _, w in report.swapped] == [f"planned: {o}" for o in chosen]
+    assert all(torch.equal(a, b) for a, b in zip(grads(ref, probe), grads(model, probe)))
+    assert "predicted peak" in plan.table()
+
+
+def test_restore_unwraps_the_units():
+    _, model, probe, _, _, _ = _setup(0.6)
+    restore_(model)
+    assert all("forward" not in b.__dict__ for b in model.blocks)
+    with pytest.raises(ConfigError, match="no plan"):
+        plan_of(model)
+
+
+def test_a_saved_plan_is_reused_and_refused_by_another_model(tmp_path):
+    ref, model, probe, x, _, keep = _setup(0.6)
+    path = tmp_path / "plan.json"
+    plan_of(model).save(path)
+    again = copy.deepcopy(ref)
+    compress_(again, PlannerConfig(plan=str(path)))
+    assert plan_of(again).options_for(64) == plan_of(model).options_for(64)
+    other = Stack(d=16)
+    with pytest.raises(ConfigError, match="another model"):
+        compress_(other, PlannerConfig(plan=str(path)))
+    assert all("forward" not in b.__dict__ for b in other.blocks)  # nothing left of the refused plan
+
+
+def test_another_token_count_is_planned_once_for_its_bucket():
+    _, model, probe, _, _, _ = _setup(0.6)
+    plan = plan_of(model)
+    model(torch.randn(1, 20, 32)).backward()  # 20 tokens: bucket 32, solved with the bytes halved
+    assert set(plan.chosen) == {32, 64}
+    assert plan.predicted_peak(32) <= plan.budget_bytes
+    with pytest.raises(ConfigError, match="smallest feasible peak"):  # 4x the tokens cannot fit this budget
+        model(torch.randn(8, 32, 32))
+
+
+def test_a_budget_below_every_plan_gives_the_minimum_and_leaves_the_model_as_it_was():
+    torch.manual_seed(0)
+    model, x = Stack(), torch.randn(2, 32, 32)
+    with pytest.raises(ConfigError, match="smallest feasible peak"):
+        compress_(model, PlannerConfig(budget_bytes=1, probe=lambda m: m(x), repeats=1))
+    assert all("forward" not in b.__dict__ for b in model.blocks)
+
+
+def test_lossy_options_need_a_risk_budget():
+    ref, model, probe, x, report, keep = _setup(0.45, max_risk=10.0, options=("keep", "checkpoint", "balanced"))
+    costs = plan_of(model).units[0]
+    risk = dict(zip(costs.options, costs.risk))
+    assert risk["keep"] == 0 and risk["checkpoint"] == 0 and risk["balanced"] > 0
+    # without a risk budget, the same config offers no lossy option
+    _, strict, *_ = _setup(0.6, options=("keep", "checkpoint", "balanced"))
+    assert plan_of(strict).units[0].options == ("keep", "checkpoint")
+
+
+def test_bad_configs():
+    with pytest.raises(ConfigError, match="budget_bytes"):
+        PlannerConfig(budget_bytes=0, probe=lambda m: None)
+    with pytest.raises(ConfigError, match="probe"):
+        PlannerConfig(budget_bytes=10)
+    with pytest.raises(ConfigError, match="options"):
+        PlannerConfig(budget_bytes=10, probe=lambda m: None, options=("checkpoint",))
+    with pytest.raises(NothingToCompressError, match="repeated blocks"):
+        compress_(nn.Linear(4, 4), PlannerConfig(budget_bytes=10, probe=lambda m: m(torch.ones(4)).sum()))

@@ -1,0 +1,41 @@
+"""Plans: buckets, JSON round trip, a cached lookup's cost."""
+
+import time
+
+import pytest
+
+from actzip.errors import ConfigError
+from actzip.memory.planner import Plan, UnitCosts, bucket_of
+
+pytest.importorskip("scipy")
+
+
+def _plan():
+    units = [UnitCosts(f"h.{i}", ("keep", "checkpoint"), (100.0, 10.0), (0.0, 1.0), (0.0, 0.0), (0.0, 100.0))
+             for i in range(3)]
+    return Plan("sig", probe_tokens=64, budget_bytes=250.0, base_bytes=0.0, max_risk=0.0, units=units)
+
+
+def test_buckets_are_powers_of_two():
+    assert [bucket_of(t) for t in (0, 1, 2, 3, 64, 65, 1000)] == [1, 1, 2, 4, 64, 128, 1024]
+
+
+def test_json_round_trip_keeps_costs_and_choices():
+    plan = _plan()
+    # one checkpointed unit: 200 + 10 + its 100-byte transient > 250; two: 100 + 20 + 100
+    assert sorted(plan.options_for(64)) == ["checkpoint", "checkpoint", "keep"]
+    back = Plan.from_json(plan.to_json())
+    assert back.units == plan.units and back.chosen == plan.chosen
+    with pytest.raises(ConfigError, match="format"):
+        Plan.from_json("{}")
+    with pytest.raises(ConfigError, match="not a plan"):
+        Plan.from_json('{"format": 1}')
+
+
+def test_a_cached_lookup_takes_well_under_5_ms():
+    plan = _plan()
+    plan.options_for(64)
+    start = time.perf_counter()
+    for _ in range(1000):
+        plan.options_for(64)
+    assert (time.perf_counter() - start) / 1000 < 5e-3
