@@ -121,8 +121,19 @@ def test_bad_configs():
     with pytest.raises(ConfigError, match="budget_bytes"):
         PlannerConfig(budget_bytes=0, probe=lambda m: None)
     with pytest.raises(ConfigError, match="probe"):
-        PlannerConfig(budget_bytes=10)
+        PlannerConfig(budget_bytes=10, probe="model")
+    with pytest.raises(ConfigError, match="probe"):
+        compress_(Stack(), PlannerConfig(budget_bytes=10))
     with pytest.raises(ConfigError, match="options"):
         PlannerConfig(budget_bytes=10, probe=lambda m: None, options=("checkpoint",))
     with pytest.raises(NothingToCompressError, match="repeated blocks"):
         compress_(nn.Linear(4, 4), PlannerConfig(budget_bytes=10, probe=lambda m: m(torch.ones(4)).sum()))
+
+
+def test_profiling_gives_back_the_gradients_being_accumulated():
+    torch.manual_seed(0)
+    model, x = Stack(), torch.randn(2, 32, 32)
+    model(x).backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    compress_(model, PlannerConfig(budget_bytes=1 << 40, probe=lambda m: m(x), repeats=1))
+    assert all(torch.equal(a, p.grad) for a, p in zip(before, model.parameters()))

@@ -48,9 +48,8 @@ class PlannerConfig(Config):
         if self.plan is None and (not isinstance(self.budget_bytes, int) or isinstance(self.budget_bytes, bool)
                                   or self.budget_bytes <= 0):
             raise ConfigError(f"PlannerConfig.budget_bytes must be a positive int, got {self.budget_bytes!r}")
-        if self.plan is None and not callable(self.probe):
-            raise ConfigError("PlannerConfig.probe must be a function probe(model) -> loss (one representative "
-                              "forward) unless a saved plan is given")
+        if self.probe is not None and not callable(self.probe):
+            raise ConfigError(f"PlannerConfig.probe must be a function probe(model) -> loss, got {self.probe!r}")
         if isinstance(self.max_risk, bool) or not isinstance(self.max_risk, (int, float)) or self.max_risk < 0:
             raise ConfigError(f"PlannerConfig.max_risk must be a number >= 0, got {self.max_risk!r}")
         bad = [o for o in self.options if o not in OPTIONS]
@@ -120,6 +119,9 @@ def _make_plan(model: nn.Module, config: PlannerConfig, planned: PlannedUnits, s
         if config.budget_bytes > 0 and config.budget_bytes != plan.budget_bytes:
             plan.budget_bytes, plan.chosen = config.budget_bytes, {}  # the measured costs hold; solve again
         return plan
+    if config.probe is None:
+        raise ConfigError("PlannerConfig.probe must be a function probe(model) -> loss (one representative forward) "
+                          "unless a saved plan is given")
     device = next(model.parameters()).device
     options = _usable(config.options, device, config.max_risk, report)
     measured = profile(model, planned, config.probe, options, config.repeats)

@@ -58,6 +58,8 @@ def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module]
     unit_params = [[p for p in m.parameters() if p.requires_grad] for _, m in planned.units]
     n = len(planned.units)
     seconds, peaks, grads, kept, inputs = {}, {}, {}, {}, {}
+    params = list(model.parameters())
+    held = [p.grad for p in params]  # gradients being accumulated: given back untouched
     planned.measure = True
     try:
         for option in ("keep", *[o for o in options if o != "keep"]):
@@ -77,8 +79,8 @@ def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module]
             inputs[option] = list(planned.input_bytes)
     finally:
         planned.forced, planned.measure = None, False
-        for p in model.parameters():
-            p.grad = None
+        for p, g in zip(params, held):
+            p.grad = g
     tokens = planned.tokens
     keep_kept = kept["keep"]
     base = max(peaks["keep"] - sum(keep_kept), 0.0) if device.type == "cuda" else 0.0
