@@ -114,8 +114,57 @@ def _bench_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_grpo(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from actzip_bench.grpo import GRPOBenchConfig, run_grpo
+
+    cfg = config_from_args(GRPOBenchConfig, args)
+    if args.quick:
+        given = {k: getattr(cfg, k) for k in GRPOBenchConfig.__dataclass_fields__ if getattr(args, k, None) is not None}
+        cfg = dataclasses.replace(GRPOBenchConfig.quick(), **given)
+    device = device_from_args(args)
+    console = Console()
+    record = run_grpo(cfg, device)
+    record["command"] = command_line(args)
+    t = Table(title=f"GRPO actor update, {cfg.preset} Llama policy, {cfg.prompts}x{cfg.group_size} completions of "
+                    f"<= {cfg.completion_len} tokens, {cfg.loss_type}, {device}")
+    for col in ("strategy", "update ms", "tokens/s", "vs none", "peak MiB", "reward"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in record["runs"]:
+        peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.1f}"
+        reward = "" if r.get("reward") is None else f"{r['reward']:.3f}"
+        t.add_row(r["strategy"], f"{r['median_ms']:.2f}", f"{r['tokens_per_s']:,.0f}", f"{r['time_vs_none'] - 1:+.1%}",
+                  peak, reward)
+    console.print(t)
+    plan = next((r["plan"] for r in record["runs"] if r.get("plan")), None)
+    if plan:
+        console.print(plan)
+    write_json(record, args.json, console)
+    return 0
+
+
 def add_parsers(bench) -> None:
-    """Add the presets, LoRA and activation-cache benchmarks to ``actzip bench``."""
+    """Add the presets, LoRA, activation-cache and GRPO benchmarks to ``actzip bench``."""
+    gr = bench.add_parser("grpo", help="GRPO actor update: tokens/s and peak per memory strategy, reward when trained")
+    gr.add_argument("--quick", action="store_true", help="a CPU-sized run (tiny policy, short completions)")
+    gr.add_argument("--preset", choices=["tiny", "1b"])
+    gr.add_argument("--prompts", type=int)
+    gr.add_argument("--group-size", type=int, dest="group_size")
+    gr.add_argument("--completion-len", type=int, dest="completion_len")
+    gr.add_argument("--loss-type", dest="loss_type", choices=["grpo", "bnpo", "dr_grpo", "dapo"])
+    gr.add_argument("--dtype", choices=["float32", "bfloat16"])
+    gr.add_argument("--rounds", type=int)
+    gr.add_argument("--warmup", type=int)
+    gr.add_argument("--strategies", help="comma-separated subset of none,checkpoint,lossless,8bit,planner")
+    gr.add_argument("--reward-steps", type=int, dest="reward_steps", help="GRPO steps per strategy and seed")
+    gr.add_argument("--seeds", type=int)
+    gr.add_argument("--device")
+    gr.add_argument("--json", metavar="PATH")
+    gr.set_defaults(func=_bench_grpo)
     pb = bench.add_parser("presets", help="loss curves of the activation-cache presets on the reference GPT")
     pb.add_argument("--model", help="GPT preset (default tiny)")
     pb.add_argument("--activation", choices=["relu", "relu2", "gelu", "swiglu"],

@@ -1,0 +1,256 @@
+"""GRPO actor-update benchmark: tokens/s and peak of one policy update per strategy, and reward when trained.
+
+The policy is a Llama-style model from a local config (``PRESETS``). Throughput runs on synthetic GRPO batches:
+``prompts`` groups of ``group_size`` completions of ``completion_len`` tokens (lengths drawn below it), rewards
+drawn 0/1 and turned into advantages per group as TRL does (a group whose rewards are all equal has zero
+advantages), the loss TRL's own ``GRPOTrainer._compute_loss`` (``loss_type``). One actor update = forward and
+backward of that loss (no optimizer step), interleaved across strategies, medians:
+
+- ``none``: plain autograd;
+- ``checkpoint``: transformers' gradient checkpointing of every layer (TRL's only memory option);
+- ``lossless`` / ``8bit``: the whole update inside ``actzip.cache("lossless")`` / ``actzip.cache("conservative")``;
+- ``planner``: :class:`actzip.rl.PlannedGRPOMixin` with ``PlannerConfig(budget_bytes=...)``, the budget
+  checkpointing's measured peak (CUDA; on the CPU, where no peak is read, half of what ``none`` keeps), and
+  zero-advantage sequences left out.
+
+``reward_steps > 0`` also trains the policy that many GRPO steps per strategy and seed on the addition task
+(:mod:`actzip_bench.data.arithmetic`) and records the mean reward of the last steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+
+from actzip.errors import ConfigError
+
+STRATEGIES = ("none", "checkpoint", "lossless", "8bit", "planner")
+CACHE_PRESETS = {"lossless": "lossless", "8bit": "conservative"}
+# Llama-style policies (transformers LlamaConfig fields; vocabulary: the arithmetic tokenizer's 14 tokens)
+PRESETS = {
+    "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2),
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16,
+               num_key_value_heads=4),
+}
+
+
+@dataclass
+class GRPOBenchConfig:
+    """One GRPO actor-update workload."""
+
+    preset: str = "tiny"  # policy size (PRESETS)
+    prompts: int = 4  # groups per update
+    group_size: int = 8  # completions per prompt (TRL's num_generations)
+    prompt_len: int = 16  # prompt tokens
+    completion_len: int = 64  # longest completion; lengths drawn in [completion_len / 2, completion_len]
+    loss_type: str = "dapo"  # TRL's loss
+    dtype: str = "float32"  # policy weights and activations
+    rounds: int = 5  # timed updates per strategy
+    warmup: int = 1  # updates dropped first
+    strategies: tuple[str, ...] = STRATEGIES
+    reward_steps: int = 0  # GRPO training steps per strategy and seed (0: throughput only)
+    sft_steps: int = 300  # supervised steps on worked sums before GRPO, so that rewards can move
+    seeds: int = 1  # training runs per strategy
+    seed: int = 0  # synthetic batch and initialization
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ConfigError(f"grpo bench: unknown preset {self.preset!r}; choose from {list(PRESETS)}")
+        bad = [s for s in self.strategies if s not in STRATEGIES]
+        if bad or "none" not in self.strategies:
+            raise ConfigError(f"grpo bench: strategies must include 'none' and come from {list(STRATEGIES)}; got "
+                              f"{list(self.strategies)}")
+
+    @classmethod
+    def quick(cls) -> "GRPOBenchConfig":
+        """A CPU-sized run for CI: the tiny policy, short completions, two training steps."""
+        return cls(preset="tiny", prompts=2, group_size=4, prompt_len=8, completion_len=16, rounds=2, warmup=1,
+                   reward_steps=2, seeds=1, sft_steps=20)
+
+
+def build_policy(preset: str, max_len: int, seed: int):
+    import transformers
+
+    from actzip_bench.data.arithmetic import char_tokenizer
+
+    torch.manual_seed(seed)
+    vocab = len(char_tokenizer())
+    cfg = transformers.LlamaConfig(vocab_size=vocab, max_position_embeddings=max_len, pad_token_id=0, eos_token_id=1,
+                                   bos_token_id=1, hidden_act="relu2", **PRESETS[preset])
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def synthetic_batch(cfg: GRPOBenchConfig, device: torch.device) -> dict:
+    """TRL's actor-update inputs: prompts, completions, masks, and per-group advantages of 0/1 rewards."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    b = cfg.prompts * cfg.group_size
+    lengths = torch.randint(cfg.completion_len // 2, cfg.completion_len + 1, (b,), generator=g)
+    mask = (torch.arange(cfg.completion_len)[None, :] < lengths[:, None]).long()
+    rewards = (torch.rand(b, generator=g) < 0.4).float().view(cfg.prompts, cfg.group_size)
+    rewards[0] = 1.0  # one group solved by every completion: zero advantages, as GRPO batches have
+    adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).view(-1)
+    batch = {"prompt_ids": torch.randint(2, 14, (b, cfg.prompt_len), generator=g),
+             "prompt_mask": torch.ones(b, cfg.prompt_len, dtype=torch.long),
+             "completion_ids": torch.randint(2, 14, (b, cfg.completion_len), generator=g), "completion_mask": mask,
+             "advantages": adv, "num_items_in_batch": mask.sum().float()}
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _trainer(strategy: str, model, cfg: GRPOBenchConfig, device: torch.device, budget: int | None, steps: int = 1,
+             seed: int = 0):
+    import trl
+
+    from actzip.memory.planner import PlannerConfig
+    from actzip.rl import PlannedGRPOMixin
+    from actzip_bench.data.arithmetic import addition_dataset, char_tokenizer, exact_sum_reward
+
+    class Planned(PlannedGRPOMixin, trl.GRPOTrainer):
+        pass
+
+    class Cached(trl.GRPOTrainer):
+        def _compute_loss(self, m, inputs):
+            import actzip
+
+            with actzip.cache(CACHE_PRESETS[strategy]) if strategy in CACHE_PRESETS else contextlib.nullcontext():
+                return super()._compute_loss(m, inputs)
+
+    args = trl.GRPOConfig(
+        output_dir="/tmp/actzip-bench-grpo", max_steps=steps, per_device_train_batch_size=cfg.group_size,
+        num_generations=cfg.group_size, max_completion_length=cfg.completion_len, report_to=[], save_strategy="no",
+        loss_type=cfg.loss_type, use_cpu=device.type == "cpu", gradient_checkpointing=strategy == "checkpoint",
+        bf16=cfg.dtype == "bfloat16", logging_steps=1, seed=seed, disable_tqdm=True)
+    kw = {}
+    cls = Cached
+    if strategy == "planner":
+        cls, kw = Planned, {"actzip_planner": PlannerConfig(budget_bytes=budget, repeats=2)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = cls(model=model, reward_funcs=exact_sum_reward, args=args, train_dataset=addition_dataset(64, seed=seed),
+                processing_class=char_tokenizer(), **kw)
+    import transformers
+
+    t.remove_callback(transformers.PrinterCallback)  # the logs go to log_history, not the terminal
+    t.current_gradient_accumulation_steps = 1
+    return t
+
+
+def supervised_warm_up(model, steps: int, seed: int, device: torch.device) -> None:
+    """Next-token training on worked sums ``"a+b=c<eos>"`` (AdamW, batch 64): a policy that can earn reward."""
+    from actzip_bench.data.arithmetic import addition_dataset, char_tokenizer
+
+    if steps <= 0:
+        return
+    tok = char_tokenizer()
+    data = addition_dataset(64 * steps, seed=seed + 1000)
+    texts = [p + a + tok.eos_token for p, a in zip(data["prompt"], data["answer"])]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    tok.padding_side = "right"
+    for i in range(steps):
+        enc = tok(texts[i * 64:(i + 1) * 64], return_tensors="pt", padding=True).to(device)
+        labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
+        model(**enc, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
+    from actzip_bench.harness import machine_record, run_interleaved
+    from actzip_bench.one_liner import shared_copy
+
+    dtype = getattr(torch, cfg.dtype)
+    model = build_policy(cfg.preset, cfg.prompt_len + cfg.completion_len + 8, cfg.seed).to(device, dtype).train()
+    batch = synthetic_batch(cfg, device)
+    tokens = int(batch["completion_mask"].sum())
+    budget = _planner_budget(cfg, model, batch, device)
+    trainers = {}
+    for s in cfg.strategies:
+        m = model if s in ("none", *CACHE_PRESETS) else shared_copy(model)
+        trainers[s] = _trainer(s, m, cfg, device, budget)
+        if s == "checkpoint":
+            _enable_checkpointing(m)
+
+    def update(s: str) -> None:
+        t = trainers[s]
+        for p in model.parameters():
+            p.grad = None
+        t._compute_loss(t.model, dict(batch)).backward()
+
+    if "planner" in trainers:
+        update("planner")  # plans the policy (its probe steps untimed)
+    results = run_interleaved({s: (lambda s=s: update(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
+                              warmup=cfg.warmup, progress=progress, above_resident=device.type == "cuda")
+    runs = []
+    for s, r in results.items():
+        runs.append({"strategy": s, **r.summary(), "tokens": tokens, "tokens_per_s": tokens / (r.median_ms / 1e3),
+                     "time_vs_none": r.median_ms / results["none"].median_ms,
+                     "plan": _plan_table(trainers[s]) if s == "planner" else None})
+    if cfg.reward_steps:
+        _rewards(cfg, device, budget, runs)
+    return {"config": asdict(cfg), "runs": runs, "planner_budget_bytes": budget, "machine": machine_record(device)}
+
+
+def _enable_checkpointing(m) -> None:
+    enable = getattr(m, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _planner_budget(cfg, model, batch, device) -> int:
+    """Checkpointing's measured peak (CUDA), else half of what plain autograd keeps (CPU: bytes only)."""
+    from actzip.memory.cache import CacheContext
+    from actzip_bench.one_liner import shared_copy
+
+    if device.type == "cuda":
+        twin = shared_copy(model)
+        _enable_checkpointing(twin)
+        t = _trainer("checkpoint", twin, cfg, device, None)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        t._compute_loss(twin, dict(batch)).backward()
+        torch.cuda.synchronize(device)
+        for p in model.parameters():
+            p.grad = None
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    t = _trainer("none", model, cfg, device, None)
+    counter = CacheContext.count_only()
+    with counter:
+        loss = t._compute_loss(model, dict(batch))
+    del loss
+    return max(int(counter.last.bytes_before) // 2, 1)
+
+
+def _plan_table(trainer) -> str | None:
+    from actzip.memory.planner import plan_of
+
+    try:
+        return plan_of(trainer.model).table()
+    except ConfigError:
+        return None
+
+
+def _rewards(cfg, device, budget, runs) -> None:
+    """Train ``reward_steps`` GRPO steps per strategy and seed; record the mean reward of the last half."""
+    for row in runs:
+        s = row["strategy"]
+        finals = []
+        for seed in range(cfg.seeds):
+            model = build_policy(cfg.preset, cfg.prompt_len + cfg.completion_len + 8, cfg.seed + seed).to(device)
+            supervised_warm_up(model.train(), cfg.sft_steps, cfg.seed + seed, device)
+            if s == "checkpoint":
+                _enable_checkpointing(model)
+            t = _trainer(s, model, cfg, device, budget, steps=cfg.reward_steps, seed=seed)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t.train()
+            rewards = [h["reward"] for h in t.state.log_history if "reward" in h]
+            tail = rewards[len(rewards) // 2:] or rewards
+            finals.append(sum(tail) / len(tail) if tail else float("nan"))
+        row["reward"] = sum(finals) / len(finals)
+        row["reward_per_seed"] = finals
