@@ -103,3 +103,4 @@ def test_the_policy_is_planned_at_the_first_update_and_trains():
     # without a risk budget only the lossless options are open
     assert set(plan.options_for(plan.probe_tokens)) <= {"keep", "checkpoint", "lossless"}
     assert t.state.global_step == 2
+    assert t._actzip_probe_exposure is not None and plan_of(model).chosen  # each update's exposure was handed on

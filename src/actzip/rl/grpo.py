@@ -6,6 +6,9 @@
   update the policy is planned (``compress_``) with that update's own loss as the probe, so every block
   keeps, checkpoints or compresses its saved tensors to fit ``budget_bytes`` at the least step time (leave
   ``gradient_checkpointing`` off then: the plan checkpoints where it pays);
+- each update's exposure, ``Σ|token weight|`` relative to the probe update's, is handed to the plan
+  (:func:`actzip.memory.planner.set_exposure`), so lossy options are taken where the batch's gradient is small;
+  a loss type whose weights are not known gets exposure 1, said once;
 - ``drop_zero_advantage`` (default True): sequences whose token weights are all zero
   (:func:`actzip.rl.token_weights`: a group whose rewards were all equal) are sliced out of the update's batch
   before the forward, and the loss is rescaled to the full batch's normalizer, so the gradient is the full
@@ -41,11 +44,20 @@ class PlannedGRPOMixin:
         self.drop_zero_advantage = drop_zero_advantage
         self.actzip_dropped_rows = 0  # sequences left out of actor updates so far
         self._actzip_told: set[str] = set()
+        self._actzip_probe_exposure = None  # Σ|token weight| of the update the plan was probed on
 
-    def _actzip_tell(self, why: str) -> None:
+    def _actzip_tell(self, why: str, what: str = "zero-advantage sequences are kept in the update") -> None:
         if why not in self._actzip_told:
             self._actzip_told.add(why)
-            warnings.warn(f"actzip: zero-advantage sequences are kept in the update: {why}", stacklevel=3)
+            warnings.warn(f"actzip: {what}: {why}", stacklevel=3)
+
+    def _actzip_weights(self, inputs: dict):
+        """The batch's token weights, or None for a loss type whose weights are not known (said once)."""
+        if self.loss_type not in LOSS_TYPES:
+            self._actzip_tell(f"loss_type {self.loss_type!r} has no known token weights", "exposure 1 for every update")
+            return None
+        return token_weights(inputs["advantages"], inputs["completion_mask"], self.loss_type,
+                             self.max_completion_length, inputs.get("num_items_in_batch", 1.0))
 
     def _actzip_droppable(self) -> bool:
         if not self.drop_zero_advantage:
@@ -63,9 +75,7 @@ class PlannedGRPOMixin:
         """The rows of ``inputs`` that carry gradient, and the factor that restores the full batch's loss."""
         mask = inputs["completion_mask"]
         batch = mask.size(0)
-        weights = token_weights(inputs["advantages"], mask, self.loss_type, self.max_completion_length,
-                                inputs.get("num_items_in_batch", 1.0))
-        rows = nonzero_rows(weights)
+        rows = nonzero_rows(self._actzip_weights(inputs))
         kept = int(rows.sum())
         if kept == batch:
             return inputs, 1.0
@@ -96,11 +106,25 @@ class PlannedGRPOMixin:
         finally:
             self._metrics = metrics
 
+    def _actzip_expose(self, model, inputs: dict) -> None:
+        from actzip.memory.planner import set_exposure
+
+        weights = self._actzip_weights(inputs)
+        if weights is None:
+            return
+        total = float(weights.abs().sum())
+        if self._actzip_probe_exposure is None:
+            self._actzip_probe_exposure = total
+        probe = self._actzip_probe_exposure
+        set_exposure(self.accelerator.unwrap_model(model), total / probe if probe > 0 else 1.0)
+
     def _compute_loss(self, model, inputs):
         factor = 1.0
         if self._actzip_droppable():
             inputs, factor = self._actzip_kept(inputs)
-        if self.actzip_planner is not None and self.actzip_report is None and model.training:
-            self._actzip_plan(model, inputs)
+        if self.actzip_planner is not None and model.training:
+            if self.actzip_report is None:
+                self._actzip_plan(model, inputs)
+            self._actzip_expose(model, inputs)
         loss = super()._compute_loss(model, inputs)
         return loss if factor == 1.0 else loss * factor

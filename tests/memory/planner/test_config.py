@@ -93,7 +93,7 @@ def test_another_token_count_is_planned_once_for_its_bucket():
     _, model, probe, _, _, _ = _setup(0.6)
     plan = plan_of(model)
     model(torch.randn(1, 20, 32)).backward()  # 20 tokens: bucket 32, solved with the bytes halved
-    assert set(plan.chosen) == {32, 64}
+    assert set(plan.chosen) == {(32, 1.0), (64, 1.0)}
     assert plan.predicted_peak(32) <= plan.budget_bytes
     with pytest.raises(ConfigError, match="smallest feasible peak"):  # 4x the tokens cannot fit this budget
         model(torch.randn(8, 32, 32))
@@ -137,3 +137,14 @@ def test_profiling_gives_back_the_gradients_being_accumulated():
     before = [p.grad.clone() for p in model.parameters()]
     compress_(model, PlannerConfig(budget_bytes=1 << 40, probe=lambda m: m(x), repeats=1))
     assert all(torch.equal(a, p.grad) for a, p in zip(before, model.parameters()))
+
+
+def test_the_steps_exposure_reaches_the_plan():
+    from actzip.memory.planner import set_exposure
+
+    _, model, probe, x, _, _ = _setup(0.6)
+    set_exposure(model, 2.0 ** -10)
+    model(x).backward()
+    assert (64, 2.0 ** -10) in plan_of(model).chosen
+    with pytest.raises(ConfigError, match="exposure"):
+        set_exposure(model, -1.0)

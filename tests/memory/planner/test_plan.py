@@ -39,3 +39,20 @@ def test_a_cached_lookup_takes_well_under_5_ms():
     for _ in range(1000):
         plan.options_for(64)
     assert (time.perf_counter() - start) / 1000 < 5e-3
+
+
+def test_a_smaller_exposure_opens_the_lossy_option():
+    from actzip.memory.planner import exposure_bucket
+
+    # lossy: fewer bytes and less time than checkpointing, at a relative gradient error of 0.1 per unit
+    units = [UnitCosts(f"h.{i}", ("keep", "checkpoint", "balanced"), (100.0, 10.0, 30.0), (0.0, 2.0, 1.0),
+                       (0.0, 0.0, 0.1), (0.0, 100.0, 0.0)) for i in range(4)]
+    plan = Plan("sig", probe_tokens=64, budget_bytes=250.0, base_bytes=0.0, max_risk=0.15, units=units)
+    full = plan.options_for(64, 1.0)  # the risk budget allows one lossy unit: the rest keep or checkpoint
+    assert full.count("balanced") == 1 and "checkpoint" in full
+    # an eighth of the gradient: three lossy units and one kept fit the budget with no checkpointing
+    assert sorted(plan.options_for(64, 2.0 ** -3)) == ["balanced"] * 3 + ["keep"]
+    assert sorted(plan.options_for(64, 0.0)) == ["balanced"] * 3 + ["keep"]  # no gradient at all
+    assert set(plan.chosen) == {(64, 1.0), (64, 0.125), (64, 0.0)}
+    assert [exposure_bucket(e) for e in (0.0, 0.3, 1.0, 3.0)] == [0.0, 0.25, 1.0, 4.0]
+    assert Plan.from_json(plan.to_json()).chosen == plan.chosen

@@ -23,7 +23,7 @@ from actzip.memory.planner.planned import PlannedUnits
 from actzip.memory.planner.profile import profile
 from actzip.memory.planner.units import find_units, model_signature
 
-__all__ = ["PlannerConfig", "plan_of"]
+__all__ = ["PlannerConfig", "plan_of", "set_exposure"]
 
 _PLANNED = "actzip_planned_units"  # the model attribute holding its PlannedUnits
 DEFAULT_OPTIONS = ("keep", "checkpoint", "lossless", "offload", "conservative", "balanced")
@@ -66,6 +66,17 @@ def plan_of(model: nn.Module) -> Plan:
     if planned is None or planned.plan is None:
         raise ConfigError(f"{type(model).__name__} has no plan: compress_(model, PlannerConfig(...)) first")
     return planned.plan
+
+
+def set_exposure(model: nn.Module, exposure: float) -> None:
+    """Set the exposure of the steps to come, relative to the probe step's (1.0): the plan weighs each unit's
+    risk by it (an RL loss sets it from its token weights; see actzip.rl.PlannedGRPOMixin)."""
+    planned = getattr(model, _PLANNED, None)
+    if planned is None:
+        raise ConfigError(f"{type(model).__name__} has no plan: compress_(model, PlannerConfig(...)) first")
+    if isinstance(exposure, bool) or not isinstance(exposure, (int, float)) or exposure < 0:
+        raise ConfigError(f"set_exposure: exposure must be a number >= 0, got {exposure!r}")
+    planned.exposure = float(exposure)
 
 
 def _usable(options: tuple[str, ...], device: torch.device, max_risk: float, report: CompressReport) -> tuple:

@@ -2,7 +2,10 @@
 
 Costs are measured at the probe's token count; a step with another count (another sequence length or batch)
 falls in a power-of-two bucket, for which the costs are scaled by tokens / probe tokens (saved activations grow
-linearly with tokens) and the solver runs again, once per bucket: a step's lookup is a dict read. Plans are
+linearly with tokens) and the solver runs again, once per bucket: a step's lookup is a dict read. A step's
+exposure (how much gradient its loss puts on the activations, relative to the probe step's: an RL batch whose
+advantages are small perturbs little whatever is compressed) scales every unit's risk; it is bucketed to a power
+of two as well (0 for a step that carries no gradient). Plans are
 saved and loaded as JSON; a plan loaded for another model (its signature) is refused.
 """
 
@@ -10,13 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from actzip.errors import ConfigError
 from actzip.memory.planner.solver import UnitCosts, solve
 
-__all__ = ["Plan", "bucket_of"]
+__all__ = ["Plan", "bucket_of", "exposure_bucket"]
 
 FORMAT = 1  # the JSON layout's version
 
@@ -24,6 +28,13 @@ FORMAT = 1  # the JSON layout's version
 def bucket_of(tokens: int) -> int:
     """The power of two at or above ``tokens`` (at least 1)."""
     return 1 << max(int(tokens) - 1, 0).bit_length()
+
+
+def exposure_bucket(exposure: float) -> float:
+    """The nearest power of two of ``exposure`` in [2^-20, 2^20] (0 for no exposure)."""
+    if exposure <= 0:
+        return 0.0
+    return 2.0 ** min(max(round(math.log2(exposure)), -20), 20)
 
 
 @dataclass
@@ -36,24 +47,26 @@ class Plan:
     base_bytes: float  # what the step holds besides the units' saved tensors (parameters, optimizer, head)
     max_risk: float  # bound of the exposure-weighted relative gradient error
     units: list[UnitCosts]
-    chosen: dict[int, list[str]] = field(default_factory=dict)  # bucket -> option per unit
+    # (token bucket, exposure bucket) -> option per unit
+    chosen: dict[tuple[int, float], list[str]] = field(default_factory=dict)
 
-    def options_for(self, tokens: int) -> list[str]:
-        """The option of each unit for a step of ``tokens`` tokens (solved once per bucket)."""
-        b = bucket_of(tokens)
-        found = self.chosen.get(b)
+    def options_for(self, tokens: int, exposure: float = 1.0) -> list[str]:
+        """The option of each unit for a step of ``tokens`` tokens and ``exposure`` (solved once per bucket)."""
+        key = (bucket_of(tokens), exposure_bucket(exposure))
+        found = self.chosen.get(key)
         if found is None:
-            scale = b / bucket_of(self.probe_tokens)
+            scale = key[0] / bucket_of(self.probe_tokens)
             scaled = [dataclasses.replace(u, bytes=tuple(x * scale for x in u.bytes),
-                                          transient=tuple(x * scale for x in u.transient)) for u in self.units]
+                                          transient=tuple(x * scale for x in u.transient),
+                                          exposure=u.exposure * key[1]) for u in self.units]
             picks = solve(scaled, self.budget_bytes, self.base_bytes, self.max_risk)
-            found = self.chosen[b] = [u.options[k] for u, k in zip(self.units, picks)]
+            found = self.chosen[key] = [u.options[k] for u, k in zip(self.units, picks)]
         return found
 
-    def predicted_peak(self, tokens: int) -> float:
+    def predicted_peak(self, tokens: int, exposure: float = 1.0) -> float:
         """``base + Σ bytes + the largest transient`` of the bucket's options."""
         scale = bucket_of(tokens) / bucket_of(self.probe_tokens)
-        opts = self.options_for(tokens)
+        opts = self.options_for(tokens, exposure)
         idx = [u.options.index(o) for u, o in zip(self.units, opts)]
         kept = sum(u.bytes[k] for u, k in zip(self.units, idx)) * scale
         transient = max((u.transient[k] for u, k in zip(self.units, idx)), default=0.0) * scale
@@ -77,7 +90,7 @@ class Plan:
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
         d["format"] = FORMAT
-        d["chosen"] = {str(k): v for k, v in self.chosen.items()}
+        d["chosen"] = {f"{b}/{e!r}": v for (b, e), v in self.chosen.items()}
         return json.dumps(d, indent=1)
 
     @classmethod
@@ -88,9 +101,9 @@ class Plan:
                 raise ConfigError(f"planner: the plan's format is not {FORMAT}")
             d["units"] = [UnitCosts(**{k: tuple(v) if isinstance(v, list) else v for k, v in u.items()})
                           for u in d["units"]]
-            d["chosen"] = {int(k): list(v) for k, v in d["chosen"].items()}
+            d["chosen"] = {(int(k.split("/")[0]), float(k.split("/")[1])): list(v) for k, v in d["chosen"].items()}
             return cls(**d)
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as e:
             raise ConfigError(f"planner: not a plan ({e})") from None
 
     def save(self, path: str | Path) -> None:

@@ -33,6 +33,7 @@ class PlannedUnits:
         self.measure = False
         self.min_bytes = min_bytes
         self.tokens = 0  # the last call's token count
+        self.exposure = 1.0  # the current step's exposure relative to the probe's (set_exposure)
         self.input_bytes = [0] * len(units)
         self._blocks: dict[tuple[int, str], object] = {}
         self._counters: list[CacheContext] = [CacheContext.count_only() for _ in units]
@@ -57,7 +58,7 @@ class PlannedUnits:
         if self.forced is not None:
             option = self.forced
         elif self.plan is not None and torch.is_grad_enabled():
-            option = self.plan.options_for(self.tokens)[i]
+            option = self.plan.options_for(self.tokens, self.exposure)[i]
         else:
             option = "keep"
         if self.measure:
