@@ -35,6 +35,7 @@ from actzip.core import registry
 from actzip.errors import ConfigError
 from actzip.memory import SparseReLUMLP
 from actzip_bench.models import GPT, GPTConfig
+from actzip_bench.model_rows import random_tokens, strategy_rows
 from actzip_bench.one_liner import compressed_copy, max_grad_diffs
 
 STRATEGIES = ("none", "checkpoint", "fused", "fused-arena", "fused-arena-signpack", "rebuild", "fused-arena-rebuild",
@@ -119,9 +120,7 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
                 if arena is not None:
                     arenas[s] = arena
         batch = cfg.tokens_per_step // seq
-        g = torch.Generator(device="cpu").manual_seed(seq)
-        idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), generator=g).to(device)
-        x, y = idx[:, :-1], idx[:, 1:]
+        x, y = random_tokens(model.config.vocab_size, batch, seq, device)
 
         def backward(strategy: str) -> None:
             m = copies.get(strategy, model)
@@ -155,14 +154,6 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
                                   warmup=cfg.warmup, progress=progress, held=held)
         # payloads the arena had no room for in the timed steps (each one recomputed: a matmul more)
         refused = {s: a.overflows() - refused[s] for s, a in arenas.items()}
-        base = results["none"]
-        for name, r in results.items():
-            runs.append({
-                "seq_len": seq, "batch": batch, "strategy": name, **r.summary(), "arena_refusals": refused.get(name),
-                "max_grad_abs_diff": grad_diff[name],
-                "peak_bytes_per_token": r.peak_bytes / cfg.tokens_per_step if r.peak_bytes else None,
-                "time_vs_none": r.median_ms / base.median_ms,
-                "peak_vs_none": r.peak_bytes / base.peak_bytes if r.peak_bytes and base.peak_bytes else None,
-            })
+        runs += strategy_rows(results, seq, batch, cfg.tokens_per_step, refused, grad_diff)
         del model, opt, plain, fused, arenas, copies
     return {"config": asdict(cfg), "runs": runs, "skipped": skipped, "machine": machine_record(device)}

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from actzip.errors import ConfigError
+from actzip_bench.model_rows import enable_hf_checkpointing
 
 STRATEGIES = ("none", "checkpoint", "lossless", "8bit", "planner")
 CACHE_PRESETS = {"lossless": "lossless", "8bit": "conservative"}
@@ -171,7 +172,7 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
         m = model if s in ("none", *CACHE_PRESETS) else shared_copy(model)
         trainers[s] = _trainer(s, m, cfg, device, budget)
         if s == "checkpoint":
-            _enable_checkpointing(m)
+            enable_hf_checkpointing(m)
 
     def update(s: str) -> None:
         t = trainers[s]
@@ -190,15 +191,32 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
                      "plan": _plan_table(trainers[s]) if s == "planner" else None})
     if cfg.reward_steps:
         _rewards(cfg, device, budget, runs)
-    return {"config": asdict(cfg), "runs": runs, "planner_budget_bytes": budget, "machine": machine_record(device)}
+    return {"config": asdict(cfg), "runs": runs, "planner_budget_bytes": budget, "planner_timing": planner_timing(),
+            "machine": machine_record(device)}
 
 
-def _enable_checkpointing(m) -> None:
-    enable = getattr(m, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+def planner_timing(units: int = 300, lookups: int = 1000) -> dict:
+    """Seconds to solve a fresh plan for ``units`` units (synthetic costs of five options, two of them lossy) and
+    milliseconds of a cached lookup (median of ``lookups``)."""
+    import statistics
+    import time
+
+    from actzip.memory.planner import Plan, UnitCosts
+
+    costs = [UnitCosts(f"u{i}", ("keep", "checkpoint", "lossless", "conservative", "balanced"),
+                       (100.0 + i % 7, 10.0, 60.0, 40.0, 30.0), (0.0, 5.0, 1.0, 0.8, 0.5), (0.0, 0.0, 0.0, 0.01, 0.1),
+                       (0.0, 100.0 + i % 7, 0.0, 0.0, 0.0))
+             for i in range(units)]
+    plan = Plan("synthetic", 1024, budget_bytes=units * 50.0, base_bytes=0.0, max_risk=0.5, units=costs)
+    start = time.perf_counter()
+    plan.options_for(1024)
+    solve_s = time.perf_counter() - start
+    times = []
+    for _ in range(lookups):
+        t0 = time.perf_counter()
+        plan.options_for(1024)
+        times.append(time.perf_counter() - t0)
+    return {"units": units, "solve_s": solve_s, "lookup_ms": statistics.median(times) * 1e3}
 
 
 def _planner_budget(cfg, model, batch, device) -> int:
@@ -208,7 +226,7 @@ def _planner_budget(cfg, model, batch, device) -> int:
 
     if device.type == "cuda":
         twin = shared_copy(model)
-        _enable_checkpointing(twin)
+        enable_hf_checkpointing(twin)
         t = _trainer("checkpoint", twin, cfg, device, None)
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -244,7 +262,7 @@ def _rewards(cfg, device, budget, runs) -> None:
             model = build_policy(cfg.preset, cfg.prompt_len + cfg.completion_len + 8, cfg.seed + seed).to(device)
             supervised_warm_up(model.train(), cfg.sft_steps, cfg.seed + seed, device)
             if s == "checkpoint":
-                _enable_checkpointing(model)
+                enable_hf_checkpointing(model)
             t = _trainer(s, model, cfg, device, budget, steps=cfg.reward_steps, seed=seed)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

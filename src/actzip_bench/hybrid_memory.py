@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from actzip.errors import ConfigError, MissingDependencyError
+from actzip_bench.model_rows import enable_hf_checkpointing, random_tokens, strategy_rows
 from actzip_bench.one_liner import compressed_copy, max_grad_diffs, shared_copy
 
 HYBRID_STRATEGIES = ("none", "checkpoint", "compress", "compress-signpack")
@@ -93,8 +94,7 @@ def saved_by_kind(model, x: torch.Tensor, y: torch.Tensor, chunk: int, pattern: 
     where = ["other"]
     seen: dict[int, tuple[str, int]] = {}
     hooks = []
-    layers = _layers(model)
-    for kind, layer in zip(pattern, layers):
+    for kind, layer in zip(pattern, model.model.layers):
         hooks.append(layer.register_forward_pre_hook(lambda m, a, k=KINDS[kind]: where.__setitem__(0, k)))
         hooks.append(layer.register_forward_hook(lambda m, a, o: where.__setitem__(0, "other")))
 
@@ -117,10 +117,6 @@ def saved_by_kind(model, x: torch.Tensor, y: torch.Tensor, chunk: int, pattern: 
     return out
 
 
-def _layers(model):
-    return model.model.layers
-
-
 def run_hybrid(cfg, device: torch.device, progress=None) -> dict:
     """The GPT bench's measurement (``actzip_bench.gpt_memory.GPTBenchConfig`` with ``model="nemotron-h"``)."""
     from actzip.memory.modules.arena import PENDING_STEPS, SETTLE_STEPS
@@ -134,21 +130,15 @@ def run_hybrid(cfg, device: torch.device, progress=None) -> dict:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         models, arenas = {"none": model}, {}
         if "checkpoint" in cfg.strategies:
-            models["checkpoint"] = twin = shared_copy(model)
-            enable = getattr(twin, "activation_checkpointing_enable", None)  # newer transformers' name
-            if enable is not None:
-                enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            models["checkpoint"] = shared_copy(model)
+            enable_hf_checkpointing(models["checkpoint"])
         for s, opts in ONE_LINERS.items():
             if s in cfg.strategies:
                 models[s], arena = compressed_copy(model, opts, cfg.kernel)
                 if arena is not None:
                     arenas[s] = arena
         batch = cfg.tokens_per_step // seq
-        g = torch.Generator(device="cpu").manual_seed(seq)
-        idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), generator=g).to(device)
-        x, y = idx[:, :-1], idx[:, 1:]
+        x, y = random_tokens(model.config.vocab_size, batch, seq, device)
 
         def backward(strategy: str) -> None:
             chunked_loss(models[strategy], x, y, cfg.loss_chunk).backward()
@@ -171,16 +161,8 @@ def run_hybrid(cfg, device: torch.device, progress=None) -> dict:
         held = {s: (lambda a=a: a.capacity_bytes) for s, a in arenas.items()}
         results = run_interleaved({s: (lambda s=s: step(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
                                   warmup=cfg.warmup, progress=progress, held=held)
-        base = results["none"]
-        for name, r in results.items():
-            runs.append({
-                "seq_len": seq, "batch": batch, "strategy": name, **r.summary(),
-                "arena_refusals": arenas[name].overflows() - refused[name] if name in arenas else None,
-                "max_grad_abs_diff": grad_diff[name],
-                "peak_bytes_per_token": r.peak_bytes / cfg.tokens_per_step if r.peak_bytes else None,
-                "time_vs_none": r.median_ms / base.median_ms,
-                "peak_vs_none": r.peak_bytes / base.peak_bytes if r.peak_bytes and base.peak_bytes else None,
-            })
+        refused = {s: a.overflows() - refused[s] for s, a in arenas.items()}
+        runs += strategy_rows(results, seq, batch, cfg.tokens_per_step, refused, grad_diff)
         del model, opt, models, arenas
     n_params = sum(p.numel() for p in build_hybrid(cfg.preset, 8).parameters())
     return {"config": asdict(cfg), "runs": runs, "skipped": {}, "machine": machine_record(device),

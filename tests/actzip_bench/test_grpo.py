@@ -19,6 +19,7 @@ def test_quick_run_has_every_row_with_throughput_reward_and_a_plan():
     assert set(rows) == {"none", "checkpoint", "planner"}
     assert all(r["tokens_per_s"] > 0 and "peak_bytes" in r and 0.0 <= r["reward"] <= 1.0 for r in rows.values())
     assert "predicted peak" in rows["planner"]["plan"] and rec["planner_budget_bytes"] > 0
+    assert rec["planner_timing"]["units"] == 300 and rec["planner_timing"]["lookup_ms"] > 0
 
 
 def test_synthetic_batches_carry_a_zero_advantage_group():

@@ -21,6 +21,14 @@ class Ref(nn.Module):
         return self.down(r.square() if self.square else r)
 
 
+def exactness_grid(test):
+    """Every activation, dtype, input rank and down projection the node takes (or leaves to the general path)."""
+    for name, values in (("down", ["linear", "linear-bias", "conv1d"]), ("shape", [(48, 16), (2, 24, 16), (2, 3, 8, 16)]),
+                         ("dtype", [torch.float32, torch.bfloat16]), ("square", [True, False])):
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
 def grads(module, x):
     x = x.clone().requires_grad_()
     y = module(x)
@@ -38,10 +46,7 @@ def conv1d(n_in, n_out):
     return m
 
 
-@pytest.mark.parametrize("square", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(48, 16), (2, 24, 16), (2, 3, 8, 16)])
-@pytest.mark.parametrize("down", ["linear", "linear-bias", "conv1d"])
+@exactness_grid
 def test_bit_identical_to_unfused(square, dtype, shape, down):
     torch.manual_seed(0)
     up = nn.Linear(16, 64)
@@ -105,10 +110,7 @@ def _gated(down, dtype, square):
     return ref, fused
 
 
-@pytest.mark.parametrize("square", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(48, 16), (2, 24, 16), (2, 3, 8, 16)])
-@pytest.mark.parametrize("down", ["linear", "linear-bias", "conv1d"])
+@exactness_grid
 def test_gated_form_is_bit_identical_to_unfused(square, dtype, shape, down):
     torch.manual_seed(0)
     ref, fused = _gated(down, dtype, square)

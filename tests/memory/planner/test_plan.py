@@ -1,7 +1,5 @@
 """Plans: buckets, JSON round trip, a cached lookup's cost."""
 
-import time
-
 import pytest
 
 from actzip.errors import ConfigError
@@ -32,13 +30,12 @@ def test_json_round_trip_keeps_costs_and_choices():
         Plan.from_json('{"format": 1}')
 
 
-def test_a_cached_lookup_takes_well_under_5_ms():
+def test_a_lookup_is_solved_once_per_bucket():
+    # (how long a cached lookup takes is measured by `actzip bench grpo`: plan_lookup_ms)
     plan = _plan()
-    plan.options_for(64)
-    start = time.perf_counter()
-    for _ in range(1000):
-        plan.options_for(64)
-    assert (time.perf_counter() - start) / 1000 < 5e-3
+    first = plan.options_for(64)
+    assert plan.options_for(60) is first and plan.options_for(33) is first  # the same bucket: the cached list
+    assert len(plan.chosen) == 1
 
 
 def test_a_smaller_exposure_opens_the_lossy_option():

@@ -61,11 +61,8 @@ def test_bad_costs_are_refused():
         UnitCosts("u", ("keep", "lossless"), (1.0,), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0))
 
 
-def test_a_300_unit_model_is_planned_quickly():
-    import time
-
+def test_a_300_unit_model_gets_a_plan_within_its_budget():
+    # (how long it takes is measured by `actzip bench grpo`: solve_300_units_s)
     units = [unit(f"u{i}", keep=100.0 + i % 7) for i in range(300)]
-    start = time.perf_counter()
     picks = solve(units, budget_bytes=300 * 60, base_bytes=0, max_risk=0)
-    assert time.perf_counter() - start < 10.0
-    assert len(picks) == 300
+    assert len(picks) == 300 and sum(u.bytes[k] for u, k in zip(units, picks)) <= 300 * 60
