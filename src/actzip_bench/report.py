@@ -213,6 +213,27 @@ def _gpt_section(path: Path, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _grpo_section(path: Path, root: Path) -> str:
+    rec = json.loads(path.read_text())
+    c, pt = rec["config"], rec["planner_timing"]
+    lines = [
+        "\n## GRPO actor update: tokens/s per memory strategy\n",
+        (f"{c['preset']} Llama-style policy, {c['dtype']}, {c['prompts']} groups of {c['group_size']} completions of at "
+         f"most {c['completion_len']} tokens, TRL's {c['loss_type']} loss; one update = forward and backward, "
+         f"strategies interleaved (median). Planner budget {rec['planner_budget_bytes']:,} bytes. A fresh plan for "
+         f"{pt['units']} synthetic units took {pt['solve_s']:.2f} s, a cached lookup {pt['lookup_ms']:.4f} ms.\n"),
+        _provenance(rec, path, root) + "\n",
+        "| strategy | update ms | tokens/s | vs none | peak MiB | reward |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rec["runs"]:
+        peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.1f}"
+        reward = "" if r.get("reward") is None else f"{r['reward']:.3f}"
+        lines.append(f"| {r['strategy']} | {r['median_ms']:.2f} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['time_vs_none'] - 1:+.1%} | {peak} | {reward} |")
+    return "\n".join(lines) + "\n"
+
+
 def _bits_section(path: Path, root: Path) -> str:
     rec = json.loads(path.read_text())
     c = rec["config"]
@@ -427,7 +448,7 @@ def _wire_sweep_section(folder: Path, root: Path) -> str:
 def build(root: Path) -> str:
     out = [HEADER]
     sections = [("kernels.json", _kernels_section), ("quant.json", _quant_section), ("ffn*.json", _ffn_section),
-                ("gpt*.json", _gpt_section), ("bits.json", _bits_section)]
+                ("gpt*.json", _gpt_section), ("bits.json", _bits_section), ("grpo*.json", _grpo_section)]
     for machine_dir in sorted(p for p in (root / "results").glob("*") if p.is_dir() and p.name != "demo"):
         for pattern, fn in sections:
             out.extend(fn(p, root) for p in sorted(machine_dir.glob(pattern)))
