@@ -21,6 +21,7 @@ from actzip.memory.planner.options import LOSSLESS, OPTIONS
 from actzip.memory.planner.plan import Plan
 from actzip.memory.planner.planned import PlannedUnits
 from actzip.memory.planner.profile import profile
+from actzip.memory.planner.solver import UnitCosts
 from actzip.memory.planner.units import find_units, model_signature
 
 __all__ = ["PlannerConfig", "plan_of", "set_exposure"]
@@ -143,9 +144,8 @@ def _make_plan(model: nn.Module, config: PlannerConfig, planned: PlannedUnits, s
     return Plan(signature, measured.tokens, config.budget_bytes, measured.base_bytes, config.max_risk, costs)
 
 
-def _without(costs, drop: set):
-    from actzip.memory.planner.solver import UnitCosts
-
+def _without(costs: UnitCosts, drop: set) -> UnitCosts:
+    """``costs`` without the options named in ``drop``."""
     keep = [k for k, o in enumerate(costs.options) if o not in drop]
     pick = lambda v: tuple(v[k] for k in keep)  # noqa: E731
     return UnitCosts(costs.name, pick(costs.options), pick(costs.bytes), pick(costs.seconds), pick(costs.risk),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -23,12 +24,14 @@ from actzip.memory.planner.solver import UnitCosts
 __all__ = ["Profile", "profile"]
 
 
+@dataclass
 class Profile:
-    """The measurements: ``costs`` per unit, ``base_bytes``, the probe's ``tokens``, and ``inexact`` lossless
-    options (should be empty)."""
+    """What the probe steps measured."""
 
-    def __init__(self, costs: list[UnitCosts], base_bytes: float, tokens: int, inexact: list[str]) -> None:
-        self.costs, self.base_bytes, self.tokens, self.inexact = costs, base_bytes, tokens, inexact
+    costs: list[UnitCosts]  # per unit, every option
+    base_bytes: float  # the keep step's peak less what the units keep (CUDA; 0 on the CPU)
+    tokens: int  # the probe step's token count
+    inexact: list[str]  # "unit:option" of lossless options whose gradients differed (should be empty)
 
 
 def _sync(device: torch.device) -> None:
@@ -57,7 +60,7 @@ def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module]
     device = next(model.parameters()).device
     unit_params = [[p for p in m.parameters() if p.requires_grad] for _, m in planned.units]
     n = len(planned.units)
-    seconds, peaks, grads, kept, inputs = {}, {}, {}, {}, {}
+    seconds, peaks, grads, kept = {}, {}, {}, {}
     params = list(model.parameters())
     held = [p.grad for p in params]  # gradients being accumulated: given back untouched
     planned.measure = True
@@ -76,7 +79,6 @@ def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module]
                              for ps in unit_params]
             kept[option] = [planned.kept_bytes(i, option) if option != "checkpoint" else planned.input_bytes[i]
                             for i in range(n)]
-            inputs[option] = list(planned.input_bytes)
     finally:
         planned.forced, planned.measure = None, False
         for p, g in zip(params, held):
