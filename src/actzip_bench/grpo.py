@@ -9,17 +9,20 @@ backward of that loss (no optimizer step), interleaved across strategies, median
 - ``none``: plain autograd;
 - ``checkpoint``: transformers' gradient checkpointing of every layer (TRL's only memory option);
 - ``lossless`` / ``8bit``: the whole update inside ``actzip.cache("lossless")`` / ``actzip.cache("conservative")``;
+- ``offload``: the lossless cache with what it stores in pinned CPU memory (CUDA only; listed as skipped elsewhere);
 - ``planner``: :class:`actzip.rl.PlannedGRPOMixin` with ``PlannerConfig(budget_bytes=...)``, the budget
   checkpointing's measured peak (CUDA; on the CPU, where no peak is read, half of what ``none`` keeps), and
   zero-advantage sequences left out.
 
 ``reward_steps > 0`` also trains the policy that many GRPO steps per strategy and seed on the addition task
-(:mod:`actzip_bench.data.arithmetic`) and records the mean reward of the last steps.
+(:mod:`actzip_bench.data.arithmetic`) and records each step's mean reward per seed and the mean of the last half
+(:func:`plot` draws the curves).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from dataclasses import asdict, dataclass
 
@@ -28,8 +31,9 @@ import torch
 from actzip.errors import ConfigError
 from actzip_bench.model_rows import enable_hf_checkpointing
 
-STRATEGIES = ("none", "checkpoint", "lossless", "8bit", "planner")
-CACHE_PRESETS = {"lossless": "lossless", "8bit": "conservative"}
+STRATEGIES = ("none", "checkpoint", "lossless", "8bit", "offload", "planner")
+CACHE_PRESETS = {"lossless": {"preset": "lossless"}, "8bit": {"preset": "conservative"},
+                 "offload": {"preset": "lossless", "offload": True}}
 # Llama-style policies (transformers LlamaConfig fields; vocabulary: the arithmetic tokenizer's 14 tokens)
 PRESETS = {
     "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -116,7 +120,7 @@ def _trainer(strategy: str, model, cfg: GRPOBenchConfig, device: torch.device, b
         def _compute_loss(self, m, inputs):
             import actzip
 
-            with actzip.cache(CACHE_PRESETS[strategy]) if strategy in CACHE_PRESETS else contextlib.nullcontext():
+            with actzip.cache(**CACHE_PRESETS[strategy]) if strategy in CACHE_PRESETS else contextlib.nullcontext():
                 return super()._compute_loss(m, inputs)
 
     args = trl.GRPOConfig(
@@ -162,6 +166,10 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
     from actzip_bench.harness import machine_record, run_interleaved
     from actzip_bench.one_liner import shared_copy
 
+    skipped = {}
+    if device.type != "cuda" and "offload" in cfg.strategies:
+        skipped["offload"] = "offload moves stored activations to pinned CPU memory: it needs a CUDA device"
+        cfg = dataclasses.replace(cfg, strategies=tuple(s for s in cfg.strategies if s != "offload"))
     dtype = getattr(torch, cfg.dtype)
     model = build_policy(cfg.preset, cfg.prompt_len + cfg.completion_len + 8, cfg.seed).to(device, dtype).train()
     batch = synthetic_batch(cfg, device)
@@ -191,8 +199,8 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
                      "plan": _plan_table(trainers[s]) if s == "planner" else None})
     if cfg.reward_steps:
         _rewards(cfg, device, budget, runs)
-    return {"config": asdict(cfg), "runs": runs, "planner_budget_bytes": budget, "planner_timing": planner_timing(),
-            "machine": machine_record(device)}
+    return {"config": asdict(cfg), "runs": runs, "skipped": skipped, "planner_budget_bytes": budget,
+            "planner_timing": planner_timing(), "machine": machine_record(device)}
 
 
 def planner_timing(units: int = 300, lookups: int = 1000) -> dict:
@@ -257,7 +265,7 @@ def _rewards(cfg, device, budget, runs) -> None:
     """Train ``reward_steps`` GRPO steps per strategy and seed; record the mean reward of the last half."""
     for row in runs:
         s = row["strategy"]
-        finals = []
+        finals, curves = [], []
         for seed in range(cfg.seeds):
             model = build_policy(cfg.preset, cfg.prompt_len + cfg.completion_len + 8, cfg.seed + seed).to(device)
             supervised_warm_up(model.train(), cfg.sft_steps, cfg.seed + seed, device)
@@ -268,7 +276,34 @@ def _rewards(cfg, device, budget, runs) -> None:
                 warnings.simplefilter("ignore")
                 t.train()
             rewards = [h["reward"] for h in t.state.log_history if "reward" in h]
+            curves.append(rewards)
             tail = rewards[len(rewards) // 2:] or rewards
             finals.append(sum(tail) / len(tail) if tail else float("nan"))
         row["reward"] = sum(finals) / len(finals)
         row["reward_per_seed"] = finals
+        row["reward_curves"] = curves
+
+
+def plot(record: dict, path) -> None:
+    """Reward per GRPO step, mean over seeds, one line per strategy (one PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in record["runs"]:
+        curves = r.get("reward_curves") or []
+        if not curves or not curves[0]:
+            continue
+        steps = min(len(c) for c in curves)
+        mean = [sum(c[i] for c in curves) / len(curves) for i in range(steps)]
+        ax.plot(range(1, steps + 1), mean, label=f"{r['strategy']} ({len(curves)} seeds)", linewidth=1)
+    c = record["config"]
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(f"{c['preset']} policy, addition task, {c['loss_type']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

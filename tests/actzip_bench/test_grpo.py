@@ -20,6 +20,18 @@ def test_quick_run_has_every_row_with_throughput_reward_and_a_plan():
     assert all(r["tokens_per_s"] > 0 and "peak_bytes" in r and 0.0 <= r["reward"] <= 1.0 for r in rows.values())
     assert "predicted peak" in rows["planner"]["plan"] and rec["planner_budget_bytes"] > 0
     assert rec["planner_timing"]["units"] == 300 and rec["planner_timing"]["lookup_ms"] > 0
+    assert all(len(r["reward_curves"]) == 1 and len(r["reward_curves"][0]) == 1 for r in rows.values())
+
+
+def test_offload_is_skipped_off_cuda_and_the_curves_plot(tmp_path):
+    from actzip_bench.grpo import plot
+
+    cfg = dataclasses.replace(GRPOBenchConfig.quick(), strategies=("none", "offload"), rounds=1, warmup=0,
+                              reward_steps=2, sft_steps=1)
+    rec = run_grpo(cfg, torch.device("cpu"))
+    assert "CUDA" in rec["skipped"]["offload"] and [r["strategy"] for r in rec["runs"]] == ["none"]
+    plot(rec, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 0
 
 
 def test_synthetic_batches_carry_a_zero_advantage_group():

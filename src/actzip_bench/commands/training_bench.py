@@ -120,7 +120,9 @@ def _bench_grpo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from actzip_bench.grpo import GRPOBenchConfig, run_grpo
+    from pathlib import Path
+
+    from actzip_bench.grpo import GRPOBenchConfig, plot, run_grpo
 
     cfg = config_from_args(GRPOBenchConfig, args)
     if args.quick:
@@ -146,7 +148,13 @@ def _bench_grpo(args: argparse.Namespace) -> int:
     pt = record["planner_timing"]
     console.print(f"planner: a fresh plan for {pt['units']} units in {pt['solve_s']:.2f} s; a cached lookup "
                   f"{pt['lookup_ms']:.4f} ms")
+    for s, why in record["skipped"].items():
+        console.print(f"skipped {s}: {why}")
     write_json(record, args.json, console)
+    if args.json and cfg.reward_steps:
+        png = Path(args.json).with_suffix(".png")
+        plot(record, png)
+        console.print(f"wrote {png}")
     return 0
 
 
@@ -162,11 +170,11 @@ def add_parsers(bench) -> None:
     gr.add_argument("--dtype", choices=["float32", "bfloat16"])
     gr.add_argument("--rounds", type=int)
     gr.add_argument("--warmup", type=int)
-    gr.add_argument("--strategies", help="comma-separated subset of none,checkpoint,lossless,8bit,planner")
+    gr.add_argument("--strategies", help="comma-separated subset of none,checkpoint,lossless,8bit,offload,planner")
     gr.add_argument("--reward-steps", type=int, dest="reward_steps", help="GRPO steps per strategy and seed")
     gr.add_argument("--seeds", type=int)
     gr.add_argument("--device")
-    gr.add_argument("--json", metavar="PATH")
+    gr.add_argument("--json", metavar="PATH", help="also writes PATH with .png (the reward curves) when training")
     gr.set_defaults(func=_bench_grpo)
     pb = bench.add_parser("presets", help="loss curves of the activation-cache presets on the reference GPT")
     pb.add_argument("--model", help="GPT preset (default tiny)")
