@@ -148,3 +148,17 @@ def test_the_steps_exposure_reaches_the_plan():
     assert (64, 2.0 ** -10) in plan_of(model).chosen
     with pytest.raises(ConfigError, match="exposure"):
         set_exposure(model, -1.0)
+
+
+def test_sub_block_units_plan_each_blocks_parts_exactly():
+    torch.manual_seed(0)
+    ref = Stack()
+    model = copy.deepcopy(ref)
+    x = torch.randn(2, 32, 32)
+    probe = lambda m: m(x)  # noqa: E731
+    report = compress_(model, PlannerConfig(budget_bytes=1 << 40, probe=probe, repeats=1, granularity="sub-block"))
+    names = [n for n, _ in report.swapped]
+    assert names[:2] == ["blocks.0.up", "blocks.0.down"] and len(names) == 8  # the norm is left out
+    assert all(torch.equal(a, b) for a, b in zip(grads(ref, probe), grads(model, probe)))
+    with pytest.raises(ConfigError, match="granularity"):
+        PlannerConfig(budget_bytes=10, granularity="layer")

@@ -22,7 +22,7 @@ from actzip.memory.planner.plan import Plan
 from actzip.memory.planner.planned import PlannedUnits
 from actzip.memory.planner.profile import profile
 from actzip.memory.planner.solver import UnitCosts
-from actzip.memory.planner.units import find_units, model_signature
+from actzip.memory.planner.units import GRANULARITIES, find_units, model_signature
 
 __all__ = ["PlannerConfig", "plan_of", "set_exposure"]
 
@@ -44,6 +44,7 @@ class PlannerConfig(Config):
     repeats: int = 3  # timed probe steps per option (after one warm-up)
     min_bytes: int = 0  # the cache options keep tensors smaller than this as they are
     plan: str | None = None  # path of a saved plan: used instead of profiling (its model must match)
+    granularity: str = "block"  # "block": each repeated block is a unit; "sub-block": its attention, MLP, ...
 
     def validate(self) -> None:
         if self.plan is None and (not isinstance(self.budget_bytes, int) or isinstance(self.budget_bytes, bool)
@@ -57,6 +58,9 @@ class PlannerConfig(Config):
         if bad or "keep" not in self.options:
             raise ConfigError(f"PlannerConfig.options must include 'keep' and come from {list(OPTIONS)}; got "
                               f"{list(self.options)}")
+        if self.granularity not in GRANULARITIES:
+            raise ConfigError(f"PlannerConfig.granularity must be one of {list(GRANULARITIES)}, got "
+                              f"{self.granularity!r}")
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ConfigError(f"PlannerConfig.repeats must be an int >= 1, got {self.repeats!r}")
 
@@ -96,7 +100,7 @@ def _usable(options: tuple[str, ...], device: torch.device, max_risk: float, rep
 def _plan_model(model: nn.Module, config: PlannerConfig, filter_fn: FilterFn | None, report: CompressReport) -> None:
     if getattr(model, _PLANNED, None) is not None:
         raise ConfigError("planner: the model already has a plan; restore_(model) first")
-    units = find_units(model)
+    units = find_units(model, config.granularity)
     if filter_fn is not None:
         units = [(n, m) for n, m in units if filter_fn(m, n)]
     signature = model_signature(model, units)
