@@ -36,11 +36,10 @@ from actzip.errors import ConfigError
 from actzip.memory import SparseReLUMLP
 from actzip_bench.models import GPT, GPTConfig
 from actzip_bench.model_rows import random_tokens, strategy_rows
-from actzip_bench.one_liner import compressed_copy, max_grad_diffs
+from actzip_bench.one_liner import compressed_copies, max_grad_diffs
 
 STRATEGIES = ("none", "checkpoint", "fused", "fused-arena", "fused-arena-signpack", "rebuild", "fused-arena-rebuild",
               "fused-arena-rebuild-ln2", "compress", "compress-signpack")
-ONE_LINERS = {"compress": {}, "compress-signpack": {"sign_pack": True, "check": False}}  # codec options
 # the model's rebuild_saved option per strategy (default False)
 REBUILDS = {"rebuild": True, "fused-arena-rebuild": True, "fused-arena-rebuild-ln2": ("ln_2",)}
 MODELS = ("reference", "nemotron-h")  # the reference GPT, or a hybrid from a local transformers NemotronHConfig
@@ -113,12 +112,7 @@ def run_gpt(cfg: GPTBenchConfig, device: torch.device, progress=None) -> dict:
                                   dropout=m.dropout, arena=arena) for m in plain]
 
         fused = {s: swapped("signpack" in s, arenas.get(s)) for s in cfg.strategies if s.startswith("fused")}
-        copies = {}
-        for s, opts in ONE_LINERS.items():
-            if s in cfg.strategies:
-                copies[s], arena = compressed_copy(model, opts, cfg.kernel)
-                if arena is not None:
-                    arenas[s] = arena
+        copies = compressed_copies(model, cfg.strategies, cfg.kernel, arenas)
         batch = cfg.tokens_per_step // seq
         x, y = random_tokens(model.config.vocab_size, batch, seq, device)
 

@@ -28,10 +28,9 @@ from torch.utils.checkpoint import checkpoint
 
 from actzip.errors import ConfigError, MissingDependencyError
 from actzip_bench.model_rows import enable_hf_checkpointing, random_tokens, strategy_rows
-from actzip_bench.one_liner import compressed_copy, max_grad_diffs, shared_copy
+from actzip_bench.one_liner import compressed_copies, max_grad_diffs, shared_copy
 
 HYBRID_STRATEGIES = ("none", "checkpoint", "compress", "compress-signpack")
-ONE_LINERS = {"compress": {}, "compress-signpack": {"sign_pack": True, "check": False}}  # codec options
 
 # NemotronHConfig fields per preset (the rest are transformers' defaults).
 HYBRID_PRESETS = {
@@ -132,11 +131,7 @@ def run_hybrid(cfg, device: torch.device, progress=None) -> dict:
         if "checkpoint" in cfg.strategies:
             models["checkpoint"] = shared_copy(model)
             enable_hf_checkpointing(models["checkpoint"])
-        for s, opts in ONE_LINERS.items():
-            if s in cfg.strategies:
-                models[s], arena = compressed_copy(model, opts, cfg.kernel)
-                if arena is not None:
-                    arenas[s] = arena
+        models.update(compressed_copies(model, cfg.strategies, cfg.kernel, arenas))
         batch = cfg.tokens_per_step // seq
         x, y = random_tokens(model.config.vocab_size, batch, seq, device)
 

@@ -15,7 +15,10 @@ import torch.nn as nn
 
 from actzip.errors import ConfigError
 
-__all__ = ["compressed_copy", "max_grad_diffs", "shared_copy"]
+__all__ = ["ONE_LINERS", "compressed_copies", "compressed_copy", "max_grad_diffs", "shared_copy"]
+
+# the one-liner strategies and their sparse codec options
+ONE_LINERS = {"compress": {}, "compress-signpack": {"sign_pack": True, "check": False}}
 
 
 def shared_copy(model: nn.Module) -> nn.Module:
@@ -37,6 +40,17 @@ def compressed_copy(model: nn.Module, codec_options: dict, kernel: str) -> tuple
     except ConfigError:
         arena = None
     return twin, arena
+
+
+def compressed_copies(model: nn.Module, strategies, kernel: str, arenas: dict) -> dict:
+    """A compressed copy of ``model`` per one-liner strategy in ``strategies``; their arenas go into ``arenas``."""
+    copies = {}
+    for s, opts in ONE_LINERS.items():
+        if s in strategies:
+            copies[s], arena = compressed_copy(model, opts, kernel)
+            if arena is not None:
+                arenas[s] = arena
+    return copies
 
 
 def max_grad_diffs(backwards: dict[str, Callable[[], None]], params: list[torch.Tensor]) -> dict[str, float]:

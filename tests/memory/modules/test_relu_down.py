@@ -36,6 +36,17 @@ def grads(module, x):
     return [y.detach(), x.grad] + [p.grad for p in module.parameters()], y.grad_fn
 
 
+def assert_exact_and_noded(ref, fused, shape, dtype) -> bool:
+    """Gradients bit-identical to ``ref``'s, through the one node exactly when the projection fits it."""
+    x = torch.randn(*shape, dtype=dtype)
+    want, _ = grads(ref, x)
+    got, node = grads(fused, x)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    one_node = projection_fits(len(shape), plain_projection(fused.down))
+    assert (type(node).__name__ == "SparseReLUDownBackward") == one_node
+    return one_node
+
+
 def conv1d(n_in, n_out):
     transformers = pytest.importorskip("transformers")
     from transformers.pytorch_utils import Conv1D
@@ -54,12 +65,7 @@ def test_bit_identical_to_unfused(square, dtype, shape, down):
             "conv1d": lambda: conv1d(64, 16)}[down]()
     ref = Ref(up, proj, square).to(dtype)
     fused = SparseReLUMLP(copy.deepcopy(ref.up), copy.deepcopy(ref.down), square=square)
-    x = torch.randn(*shape, dtype=dtype)
-    want, _ = grads(ref, x)
-    got, node = grads(fused, x)
-    assert all(torch.equal(a, b) for a, b in zip(want, got))
-    one_node = projection_fits(len(shape), plain_projection(fused.down))
-    assert (type(node).__name__ == "SparseReLUDownBackward") == one_node
+    one_node = assert_exact_and_noded(ref, fused, shape, dtype)
     assert one_node == (down != "linear-bias" or len(shape) <= 3)  # 4-D with a bias: the general path
 
 
@@ -114,12 +120,7 @@ def _gated(down, dtype, square):
 def test_gated_form_is_bit_identical_to_unfused(square, dtype, shape, down):
     torch.manual_seed(0)
     ref, fused = _gated(down, dtype, square)
-    x = torch.randn(*shape, dtype=dtype)
-    want, _ = grads(ref, x)
-    got, node = grads(fused, x)
-    assert all(torch.equal(a, b) for a, b in zip(want, got))
-    one_node = projection_fits(len(shape), plain_projection(fused.down))
-    assert (type(node).__name__ == "SparseReLUDownBackward") == one_node
+    assert_exact_and_noded(ref, fused, shape, dtype)
 
 
 @pytest.mark.parametrize("frozen", ["gate", "up", "down"])
