@@ -158,8 +158,8 @@ def run_hybrid(cfg, device: torch.device, progress=None) -> dict:
                                   warmup=cfg.warmup, progress=progress, held=held)
         refused = {s: a.overflows() - refused[s] for s, a in arenas.items()}
         runs += strategy_rows(results, seq, batch, cfg.tokens_per_step, refused, grad_diff)
+        n_params = sum(p.numel() for p in model.parameters())
         del model, opt, models, arenas
-    n_params = sum(p.numel() for p in build_hybrid(cfg.preset, 8).parameters())
     return {"config": asdict(cfg), "runs": runs, "skipped": {}, "machine": machine_record(device),
             "model": {"pattern": pattern, "params": n_params, "mamba_path": mamba_path(), **HYBRID_PRESETS[cfg.preset]},
             "saved_by_kind": breakdown}

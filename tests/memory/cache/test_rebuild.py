@@ -79,3 +79,18 @@ def test_recompute_keeps_the_autocast_state():
         ref = lin(x)
     out = make()
     assert out.dtype == torch.bfloat16 and torch.equal(out, ref) and not out.requires_grad
+
+
+def test_recompute_refuses_an_input_changed_in_place():
+    import pytest
+    import torch
+
+    from actzip.errors import ActzipError
+    from actzip.memory.cache.rebuild import recompute
+
+    x = torch.randn(4)
+    make = recompute(torch.exp, x)
+    assert torch.equal(make(), torch.exp(x))
+    x.add_(1.0)
+    with pytest.raises(ActzipError, match="exp was modified in place"):
+        make()

@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from actzip.errors import ActzipError
 from actzip.memory.cache.active import current_cache, record_external
 from actzip.memory.cache.roles import storage_key
 
@@ -98,11 +99,17 @@ class rebuild_saved(torch.autograd.graph.saved_tensors_hooks):
 
 def recompute(fn: Callable[..., torch.Tensor], *args, **kwargs) -> Callable[[], torch.Tensor]:
     """``make`` for a target: ``fn(*args, **kwargs)`` again, without building a graph and under the autocast
-    state of now (so a rebuilt tensor has the dtype and bits of the original)."""
+    state of now (so a rebuilt tensor has the dtype and bits of the original). A tensor argument modified in
+    place since (its version counter moved) would give other values: ``make()`` raises ActzipError then."""
     dev = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
     again = autocast_as_now(dev)
+    inputs = [(a, a._version) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
 
     def make() -> torch.Tensor:
+        if any(t._version != v for t, v in inputs):
+            name = getattr(fn, "__qualname__", type(fn).__name__)
+            raise ActzipError(f"rebuild: an input of {name} was modified in place after the forward, so its output "
+                              "cannot be made again for backward")
         with torch.no_grad(), again():
             return fn(*args, **kwargs)
 

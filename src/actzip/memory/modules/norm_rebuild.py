@@ -12,7 +12,8 @@ only an upcast copy of ``x`` leaves ``x`` alive through the handle, which then c
 ``n`` it replaces, plus one norm forward per consumer.
 
 A rebuild checks that the norm's input was not modified in place since the forward (an in-place residual
-update, say) and raises :class:`~actzip.errors.ActzipError` rather than rebuild from changed values.
+update, say) and raises :class:`~actzip.errors.ActzipError` rather than rebuild from changed values (the check
+of :func:`~actzip.memory.cache.rebuild.recompute`); ``SparseMLPConfig(rebuild_norms=False)`` suits such a model.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from actzip.errors import ActzipError
 from actzip.memory.cache.rebuild import mark_rebuildable, rebuild_saved, rebuildable, recompute
 
 __all__ = ["is_norm", "is_projection", "mark_norm_outputs", "rebuild_projection_inputs"]
@@ -46,24 +46,11 @@ def is_projection(module: nn.Module) -> bool:
     return cls.__module__.startswith("transformers.") and cls.__name__ == "Conv1D"
 
 
-def _checked(make, x: torch.Tensor, norm: nn.Module):
-    version = x._version
-
-    def again() -> torch.Tensor:
-        if x._version != version:
-            raise ActzipError(f"rebuild_norms: the input of {type(norm).__name__} was modified in place after the "
-                              "forward, so its output cannot be rebuilt for backward; compress_ with "
-                              "SparseMLPConfig(rebuild_norms=False) for this model")
-        return make()
-
-    return again
-
-
 def _mark(module: nn.Module, args: tuple, output) -> None:
     if (torch.is_grad_enabled() and len(args) == 1 and isinstance(args[0], torch.Tensor)
             and isinstance(output, torch.Tensor) and output.requires_grad
             and len(module._forward_hooks) == 1):  # another hook may have changed the output
-        mark_rebuildable(output, _checked(recompute(module.forward, args[0]), args[0], module))
+        mark_rebuildable(output, recompute(module.forward, args[0]))
 
 
 def mark_norm_outputs(model: nn.Module) -> list:
