@@ -8,6 +8,9 @@ backward of that loss (no optimizer step), interleaved across strategies, median
 
 - ``none``: plain autograd;
 - ``checkpoint``: transformers' gradient checkpointing of every layer (TRL's only memory option);
+- ``compile``: the policy's forward under ``torch.compile`` with PyTorch's ``activation_memory_budget``, the
+  largest of :data:`actzip_bench.grpo_compile.BUDGETS` whose peak is within checkpointing's (CUDA; elsewhere
+  the first);
 - ``lossless`` / ``8bit``: the whole update inside ``actzip.cache("lossless")`` / ``actzip.cache("conservative")``;
 - ``offload``: the lossless cache with what it stores in pinned CPU memory (CUDA only; listed as skipped elsewhere);
 - ``planner``: :class:`actzip.rl.PlannedGRPOMixin` with ``PlannerConfig(budget_bytes=...)``, the budget
@@ -31,15 +34,18 @@ import torch
 from actzip.errors import ConfigError
 from actzip_bench.model_rows import enable_hf_checkpointing
 
-STRATEGIES = ("none", "checkpoint", "lossless", "8bit", "offload", "planner")
+STRATEGIES = ("none", "checkpoint", "compile", "lossless", "8bit", "offload", "planner")
 CACHE_PRESETS = {"lossless": {"preset": "lossless"}, "8bit": {"preset": "conservative"},
                  "offload": {"preset": "lossless", "offload": True}}
-# Llama-style policies (transformers LlamaConfig fields; vocabulary: the arithmetic tokenizer's 14 tokens)
+# Llama-style policies (transformers LlamaConfig fields). The throughput policy has a language model's vocabulary
+# (its logits are a large part of a GRPO update's memory); trained policies the arithmetic tokenizer's 14 tokens.
 PRESETS = {
     "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2),
+    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2),
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16,
-               num_key_value_heads=4),
+               num_key_value_heads=4, vocab_size=32000),
 }
 
 
@@ -58,13 +64,16 @@ class GRPOBenchConfig:
     warmup: int = 1  # updates dropped first
     strategies: tuple[str, ...] = STRATEGIES
     reward_steps: int = 0  # GRPO training steps per strategy and seed (0: throughput only)
+    reward_preset: str = "small"  # the trained policy's size (PRESETS; its vocabulary is the task's)
+    reward_completion_len: int = 8  # longest completion when trained (an answer and its end token)
     sft_steps: int = 300  # supervised steps on worked sums before GRPO, so that rewards can move
     seeds: int = 1  # training runs per strategy
     seed: int = 0  # synthetic batch and initialization
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise ConfigError(f"grpo bench: unknown preset {self.preset!r}; choose from {list(PRESETS)}")
+        for name in ("preset", "reward_preset"):
+            if getattr(self, name) not in PRESETS:
+                raise ConfigError(f"grpo bench: unknown {name} {getattr(self, name)!r}; choose from {list(PRESETS)}")
         bad = [s for s in self.strategies if s not in STRATEGIES]
         if bad or "none" not in self.strategies:
             raise ConfigError(f"grpo bench: strategies must include 'none' and come from {list(STRATEGIES)}; got "
@@ -74,7 +83,7 @@ class GRPOBenchConfig:
     def quick(cls) -> "GRPOBenchConfig":
         """A CPU-sized run for CI: the tiny policy, short completions, two training steps."""
         return cls(preset="tiny", prompts=2, group_size=4, prompt_len=8, completion_len=16, rounds=2, warmup=1,
-                   reward_steps=2, seeds=1, sft_steps=20)
+                   reward_steps=2, reward_preset="tiny", seeds=1, sft_steps=20)
 
 
 def build_policy(preset: str, max_len: int, seed: int):
@@ -83,10 +92,17 @@ def build_policy(preset: str, max_len: int, seed: int):
     from actzip_bench.data.arithmetic import char_tokenizer
 
     torch.manual_seed(seed)
-    vocab = len(char_tokenizer())
-    cfg = transformers.LlamaConfig(vocab_size=vocab, max_position_embeddings=max_len, pad_token_id=0, eos_token_id=1,
-                                   bos_token_id=1, hidden_act="relu2", **PRESETS[preset])
+    fields = {"vocab_size": len(char_tokenizer()), **PRESETS[preset]}
+    cfg = transformers.LlamaConfig(max_position_embeddings=max_len, pad_token_id=0, eos_token_id=1, bos_token_id=1,
+                                   hidden_act="relu2", **fields)
     return transformers.LlamaForCausalLM(cfg)
+
+
+def vocab_size(preset: str) -> int:
+    """The vocabulary of ``preset``'s policy (the arithmetic tokenizer's unless the preset names one)."""
+    from actzip_bench.data.arithmetic import char_tokenizer
+
+    return PRESETS[preset].get("vocab_size", len(char_tokenizer()))
 
 
 def synthetic_batch(cfg: GRPOBenchConfig, device: torch.device) -> dict:
@@ -98,15 +114,16 @@ def synthetic_batch(cfg: GRPOBenchConfig, device: torch.device) -> dict:
     rewards = (torch.rand(b, generator=g) < 0.4).float().view(cfg.prompts, cfg.group_size)
     rewards[0] = 1.0  # one group solved by every completion: zero advantages, as GRPO batches have
     adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).view(-1)
-    batch = {"prompt_ids": torch.randint(2, 14, (b, cfg.prompt_len), generator=g),
+    vocab = vocab_size(cfg.preset)
+    batch = {"prompt_ids": torch.randint(2, vocab, (b, cfg.prompt_len), generator=g),
              "prompt_mask": torch.ones(b, cfg.prompt_len, dtype=torch.long),
-             "completion_ids": torch.randint(2, 14, (b, cfg.completion_len), generator=g), "completion_mask": mask,
+             "completion_ids": torch.randint(2, vocab, (b, cfg.completion_len), generator=g), "completion_mask": mask,
              "advantages": adv, "num_items_in_batch": mask.sum().float()}
     return {k: v.to(device) for k, v in batch.items()}
 
 
 def _trainer(strategy: str, model, cfg: GRPOBenchConfig, device: torch.device, budget: int | None, steps: int = 1,
-             seed: int = 0):
+             seed: int = 0, completion_len: int | None = None):
     import trl
 
     from actzip.memory.planner import PlannerConfig
@@ -125,7 +142,7 @@ def _trainer(strategy: str, model, cfg: GRPOBenchConfig, device: torch.device, b
 
     args = trl.GRPOConfig(
         output_dir="/tmp/actzip-bench-grpo", max_steps=steps, per_device_train_batch_size=cfg.group_size,
-        num_generations=cfg.group_size, max_completion_length=cfg.completion_len, report_to=[], save_strategy="no",
+        num_generations=cfg.group_size, max_completion_length=completion_len or cfg.completion_len, report_to=[], save_strategy="no",
         loss_type=cfg.loss_type, use_cpu=device.type == "cpu", gradient_checkpointing=strategy == "checkpoint",
         bf16=cfg.dtype == "bfloat16", logging_steps=1, seed=seed, disable_tqdm=True)
     kw = {}
@@ -188,19 +205,44 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
             p.grad = None
         t._compute_loss(t.model, dict(batch)).backward()
 
-    if "planner" in trainers:
-        update("planner")  # plans the policy (its probe steps untimed)
-    results = run_interleaved({s: (lambda s=s: update(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
-                              warmup=cfg.warmup, progress=progress, above_resident=device.type == "cuda")
+    import torch._functorch.config as functorch_config
+
+    old_budget = functorch_config.activation_memory_budget
+    try:
+        compiled = None
+        if "compile" in trainers:
+            compiled = _compiled(trainers["compile"], batch, budget, device)
+        if "planner" in trainers:
+            update("planner")  # plans the policy (its probe steps untimed)
+        results = run_interleaved({s: (lambda s=s: update(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
+                                  warmup=cfg.warmup, progress=progress, above_resident=device.type == "cuda")
+    finally:
+        functorch_config.activation_memory_budget = old_budget
     runs = []
     for s, r in results.items():
         runs.append({"strategy": s, **r.summary(), "tokens": tokens, "tokens_per_s": tokens / (r.median_ms / 1e3),
                      "time_vs_none": r.median_ms / results["none"].median_ms,
-                     "plan": _plan_table(trainers[s]) if s == "planner" else None})
+                     "plan": _plan_table(trainers[s]) if s == "planner" else None,
+                     "compile_budgets": compiled.tried if s == "compile" else None,
+                     "compile_budget": compiled.budget if s == "compile" else None})
     if cfg.reward_steps:
-        _rewards(cfg, device, budget, runs)
+        _rewards(cfg, device, runs)
     return {"config": asdict(cfg), "runs": runs, "skipped": skipped, "planner_budget_bytes": budget,
             "planner_timing": planner_timing(), "machine": machine_record(device)}
+
+
+def _compiled(trainer, batch, limit: int | None, device: torch.device):
+    """Compile the trainer's policy at the largest budget within ``limit`` (checkpointing's peak, CUDA)."""
+    from actzip_bench.grpo_compile import compile_within
+
+    def step(m) -> None:
+        for p in m.parameters():
+            p.grad = None
+        trainer._compute_loss(m, dict(batch)).backward()
+
+    kept = compile_within(trainer.model, step, limit if device.type == "cuda" else None, device)
+    trainer.model = kept.model
+    return kept
 
 
 def planner_timing(units: int = 300, lookups: int = 1000) -> dict:
@@ -261,17 +303,25 @@ def _plan_table(trainer) -> str | None:
         return None
 
 
-def _rewards(cfg, device, budget, runs) -> None:
+def _rewards(cfg, device, runs) -> None:
     """Train ``reward_steps`` GRPO steps per strategy and seed; record the mean reward of the last half."""
+    rcfg = dataclasses.replace(cfg, preset=cfg.reward_preset, completion_len=cfg.reward_completion_len)
+    reward_budget = None
+    if any(row["strategy"] == "planner" for row in runs):  # the trained policy's own checkpointing peak
+        probe = build_policy(rcfg.preset, rcfg.prompt_len + rcfg.completion_len + 8, cfg.seed).to(device).train()
+        reward_budget = _planner_budget(rcfg, probe, synthetic_batch(rcfg, device), device)
+        del probe
     for row in runs:
         s = row["strategy"]
         finals, curves = [], []
         for seed in range(cfg.seeds):
-            model = build_policy(cfg.preset, cfg.prompt_len + cfg.completion_len + 8, cfg.seed + seed).to(device)
+            model = build_policy(cfg.reward_preset, cfg.prompt_len + cfg.reward_completion_len + 8,
+                                 cfg.seed + seed).to(device)
             supervised_warm_up(model.train(), cfg.sft_steps, cfg.seed + seed, device)
             if s == "checkpoint":
                 enable_hf_checkpointing(model)
-            t = _trainer(s, model, cfg, device, budget, steps=cfg.reward_steps, seed=seed)
+            t = _trainer(s, model, cfg, device, reward_budget, steps=cfg.reward_steps, seed=seed,
+                         completion_len=cfg.reward_completion_len)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 t.train()

@@ -46,3 +46,38 @@ def test_bad_config():
         GRPOBenchConfig(preset="70b")
     with pytest.raises(ConfigError, match="strategies"):
         GRPOBenchConfig(strategies=("planner",))
+
+
+def test_compile_row_runs_the_compiled_policy_and_records_its_budget():
+    from actzip_bench.grpo_compile import BUDGETS
+
+    cfg = dataclasses.replace(GRPOBenchConfig.quick(), strategies=("none", "compile"), rounds=1, warmup=0,
+                              reward_steps=0)
+    rec = run_grpo(cfg, torch.device("cpu"))
+    row = next(r for r in rec["runs"] if r["strategy"] == "compile")
+    # no peak is read on the CPU: the first (largest) budget is kept, and the global knob is restored after
+    assert row["compile_budget"] == BUDGETS[0] and row["compile_budgets"] == [{"budget": BUDGETS[0], "peak_bytes": None}]
+    import torch._functorch.config as functorch_config
+
+    assert functorch_config.activation_memory_budget == 1.0 and row["tokens_per_s"] > 0
+
+
+def test_compile_within_keeps_the_largest_budget_under_the_limit(monkeypatch):
+    from actzip_bench import grpo_compile
+
+    peaks = iter([300, 200, 100])
+    monkeypatch.setattr(grpo_compile, "_peak_of", lambda step, m, device: next(peaks))
+    monkeypatch.setattr(torch, "compile", lambda f: f)
+    model = torch.nn.Linear(2, 2)
+    kept = grpo_compile.compile_within(model, lambda m: m(torch.ones(1, 2)).sum().backward(), 250,
+                                       torch.device("cpu"), budgets=(0.5, 0.2, 0.0))
+    assert kept.budget == 0.2 and [t["budget"] for t in kept.tried] == [0.5, 0.2]
+    assert kept.model.weight is model.weight  # a weight-sharing copy
+
+
+def test_throughput_policy_has_a_language_models_vocabulary_and_the_trained_one_the_tasks():
+    from actzip_bench.grpo import vocab_size
+
+    assert vocab_size("1b") == 32000 and vocab_size("small") == vocab_size("tiny") == 14
+    with pytest.raises(ConfigError, match="reward_preset"):
+        GRPOBenchConfig(reward_preset="70b")

@@ -145,6 +145,11 @@ def _bench_grpo(args: argparse.Namespace) -> int:
     plan = next((r["plan"] for r in record["runs"] if r.get("plan")), None)
     if plan:
         console.print(plan)
+    for r in record["runs"]:
+        if r.get("compile_budgets"):
+            tried = ", ".join(f"{c['budget']}: " + ("n/a" if c["peak_bytes"] is None else f"{c['peak_bytes'] / 2**20:,.0f} MiB")
+                              for c in r["compile_budgets"])
+            console.print(f"compile: activation_memory_budget {r['compile_budget']} kept (peaks tried: {tried})")
     pt = record["planner_timing"]
     console.print(f"planner: a fresh plan for {pt['units']} units in {pt['solve_s']:.2f} s; a cached lookup "
                   f"{pt['lookup_ms']:.4f} ms")
@@ -162,7 +167,7 @@ def add_parsers(bench) -> None:
     """Add the presets, LoRA, activation-cache and GRPO benchmarks to ``actzip bench``."""
     gr = bench.add_parser("grpo", help="GRPO actor update: tokens/s and peak per memory strategy, reward when trained")
     gr.add_argument("--quick", action="store_true", help="a CPU-sized run (tiny policy, short completions)")
-    gr.add_argument("--preset", choices=["tiny", "1b"])
+    gr.add_argument("--preset", choices=["tiny", "small", "1b"], help="the throughput policy (default tiny)")
     gr.add_argument("--prompts", type=int)
     gr.add_argument("--group-size", type=int, dest="group_size")
     gr.add_argument("--completion-len", type=int, dest="completion_len")
@@ -170,8 +175,13 @@ def add_parsers(bench) -> None:
     gr.add_argument("--dtype", choices=["float32", "bfloat16"])
     gr.add_argument("--rounds", type=int)
     gr.add_argument("--warmup", type=int)
-    gr.add_argument("--strategies", help="comma-separated subset of none,checkpoint,lossless,8bit,offload,planner")
+    gr.add_argument("--strategies",
+                    help="comma-separated subset of none,checkpoint,compile,lossless,8bit,offload,planner")
     gr.add_argument("--reward-steps", type=int, dest="reward_steps", help="GRPO steps per strategy and seed")
+    gr.add_argument("--reward-preset", choices=["tiny", "small", "1b"], dest="reward_preset",
+                    help="the trained policy (default small)")
+    gr.add_argument("--reward-completion-len", type=int, dest="reward_completion_len",
+                    help="longest completion when trained (default 8)")
     gr.add_argument("--seeds", type=int)
     gr.add_argument("--device")
     gr.add_argument("--json", metavar="PATH", help="also writes PATH with .png (the reward curves) when training")
