@@ -15,7 +15,9 @@ backward of that loss (no optimizer step), interleaved across strategies, median
 - ``offload``: the lossless cache with what it stores in pinned CPU memory (CUDA only; listed as skipped elsewhere);
 - ``planner``: :class:`actzip.rl.PlannedGRPOMixin` with ``PlannerConfig(budget_bytes=...)``, the budget
   checkpointing's measured peak (CUDA; on the CPU, where no peak is read, half of what ``none`` keeps), and
-  zero-advantage sequences left out.
+  zero-advantage sequences left out; ``planner-no-drop``: the same plan with every sequence kept, which
+  separates what the plan gains from what leaving sequences out gains (the record counts them:
+  ``zero_advantage_rows``).
 
 ``reward_steps > 0`` also trains the policy that many GRPO steps per strategy and seed on the addition task
 (:mod:`actzip_bench.data.arithmetic`) and records each step's mean reward per seed and the mean of the last half
@@ -34,7 +36,8 @@ import torch
 from actzip.errors import ConfigError
 from actzip_bench.model_rows import enable_hf_checkpointing
 
-STRATEGIES = ("none", "checkpoint", "compile", "lossless", "8bit", "offload", "planner")
+STRATEGIES = ("none", "checkpoint", "compile", "lossless", "8bit", "offload", "planner", "planner-no-drop")
+PLANNED = ("planner", "planner-no-drop")
 CACHE_PRESETS = {"lossless": {"preset": "lossless"}, "8bit": {"preset": "conservative"},
                  "offload": {"preset": "lossless", "offload": True}}
 # Llama-style policies (transformers LlamaConfig fields). The throughput policy has a language model's vocabulary
@@ -147,8 +150,9 @@ def _trainer(strategy: str, model, cfg: GRPOBenchConfig, device: torch.device, b
         bf16=cfg.dtype == "bfloat16", logging_steps=1, seed=seed, disable_tqdm=True)
     kw = {}
     cls = Cached
-    if strategy == "planner":
-        cls, kw = Planned, {"actzip_planner": PlannerConfig(budget_bytes=budget, repeats=2)}
+    if strategy in PLANNED:
+        cls, kw = Planned, {"actzip_planner": PlannerConfig(budget_bytes=budget, repeats=2),
+                            "drop_zero_advantage": strategy == "planner"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = cls(model=model, reward_funcs=exact_sum_reward, args=args, train_dataset=addition_dataset(64, seed=seed),
@@ -212,8 +216,9 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
         compiled = None
         if "compile" in trainers:
             compiled = _compiled(trainers["compile"], batch, budget, device)
-        if "planner" in trainers:
-            update("planner")  # plans the policy (its probe steps untimed)
+        for s in PLANNED:
+            if s in trainers:
+                update(s)  # plans the policy (its probe steps untimed)
         results = run_interleaved({s: (lambda s=s: update(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
                                   warmup=cfg.warmup, progress=progress, above_resident=device.type == "cuda")
     finally:
@@ -222,12 +227,13 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
     for s, r in results.items():
         runs.append({"strategy": s, **r.summary(), "tokens": tokens, "tokens_per_s": tokens / (r.median_ms / 1e3),
                      "time_vs_none": r.median_ms / results["none"].median_ms,
-                     "plan": _plan_table(trainers[s]) if s == "planner" else None,
+                     "plan": _plan_table(trainers[s]) if s in PLANNED else None,
                      "compile_budgets": compiled.tried if s == "compile" else None,
                      "compile_budget": compiled.budget if s == "compile" else None})
     if cfg.reward_steps:
         _rewards(cfg, device, runs)
     return {"config": asdict(cfg), "runs": runs, "skipped": skipped, "planner_budget_bytes": budget,
+            "zero_advantage_rows": int((batch["advantages"] == 0).sum()), "rows": int(batch["advantages"].numel()),
             "planner_timing": planner_timing(), "machine": machine_record(device)}
 
 
@@ -278,11 +284,14 @@ def _planner_budget(cfg, model, batch, device) -> int:
         twin = shared_copy(model)
         enable_hf_checkpointing(twin)
         t = _trainer("checkpoint", twin, cfg, device, None)
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        t._compute_loss(twin, dict(batch)).backward()
-        torch.cuda.synchronize(device)
+        for _ in range(2):  # the second update's: the first also allocates the libraries' workspaces
+            for p in model.parameters():
+                p.grad = None
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            t._compute_loss(twin, dict(batch)).backward()
+            torch.cuda.synchronize(device)
         for p in model.parameters():
             p.grad = None
         return int(torch.cuda.max_memory_allocated(device) - before)
@@ -307,12 +316,15 @@ def _rewards(cfg, device, runs) -> None:
     """Train ``reward_steps`` GRPO steps per strategy and seed; record the mean reward of the last half."""
     rcfg = dataclasses.replace(cfg, preset=cfg.reward_preset, completion_len=cfg.reward_completion_len)
     reward_budget = None
-    if any(row["strategy"] == "planner" for row in runs):  # the trained policy's own checkpointing peak
+    if any(row["strategy"] in PLANNED for row in runs):  # the trained policy's own checkpointing peak
         probe = build_policy(rcfg.preset, rcfg.prompt_len + rcfg.completion_len + 8, cfg.seed).to(device).train()
         reward_budget = _planner_budget(rcfg, probe, synthetic_batch(rcfg, device), device)
         del probe
     for row in runs:
         s = row["strategy"]
+        if s == "compile":  # generation under compile recompiles per length; its gradients are none's
+            row["reward_skipped"] = "not trained: compiled recomputation computes plain autograd's update"
+            continue
         finals, curves = [], []
         for seed in range(cfg.seeds):
             model = build_policy(cfg.reward_preset, cfg.prompt_len + cfg.reward_completion_len + 8,

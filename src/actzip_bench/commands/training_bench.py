@@ -142,6 +142,8 @@ def _bench_grpo(args: argparse.Namespace) -> int:
         t.add_row(r["strategy"], f"{r['median_ms']:.2f}", f"{r['tokens_per_s']:,.0f}", f"{r['time_vs_none'] - 1:+.1%}",
                   peak, reward)
     console.print(t)
+    console.print(f"{record['zero_advantage_rows']} of {record['rows']} sequences have zero advantage (the planner "
+                  "leaves them out)")
     plan = next((r["plan"] for r in record["runs"] if r.get("plan")), None)
     if plan:
         console.print(plan)
@@ -176,7 +178,8 @@ def add_parsers(bench) -> None:
     gr.add_argument("--rounds", type=int)
     gr.add_argument("--warmup", type=int)
     gr.add_argument("--strategies",
-                    help="comma-separated subset of none,checkpoint,compile,lossless,8bit,offload,planner")
+                    help="comma-separated subset of none,checkpoint,compile,lossless,8bit,offload,planner,"
+                         "planner-no-drop")
     gr.add_argument("--reward-steps", type=int, dest="reward_steps", help="GRPO steps per strategy and seed")
     gr.add_argument("--reward-preset", choices=["tiny", "small", "1b"], dest="reward_preset",
                     help="the trained policy (default small)")
