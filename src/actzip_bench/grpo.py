@@ -218,8 +218,12 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
             compiled = _compiled(trainers["compile"], batch, budget, device)
         for s in PLANNED:
             if s in trainers:
-                update(s)  # plans the policy (its probe steps untimed)
-        results = run_interleaved({s: (lambda s=s: update(s)) for s in cfg.strategies}, device, rounds=cfg.rounds,
+                try:
+                    update(s)  # plans the policy (its probe steps untimed)
+                except ConfigError as e:  # no plan fits the budget: the row says why, the others still run
+                    skipped[s] = str(e)
+                    del trainers[s]
+        results = run_interleaved({s: (lambda s=s: update(s)) for s in trainers}, device, rounds=cfg.rounds,
                                   warmup=cfg.warmup, progress=progress, above_resident=device.type == "cuda")
     finally:
         functorch_config.activation_memory_budget = old_budget

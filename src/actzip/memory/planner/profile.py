@@ -3,11 +3,14 @@
 Each option runs on all units at once (``repeats`` timed steps after one warm-up): a unit's bytes are what its
 own block kept; the time an option adds is the step's time over ``keep``'s, shared evenly by the units (they
 are the same block); its risk is the relative error of the unit's own parameter gradients against ``keep``'s
-(0 for the lossless options, which are checked to be bit-identical).
+(0 for the lossless options, which are checked to be bit-identical). What the step holds besides the units
+(parameters' gradients, the loss head's tensors) is each option's peak less what it predicts the units hold;
+the least of these estimates is taken.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 import warnings
@@ -29,9 +32,13 @@ class Profile:
     """What the probe steps measured."""
 
     costs: list[UnitCosts]  # per unit, every option
-    base_bytes: float  # the keep step's peak less what the units keep (CUDA; 0 on the CPU)
+    base_bytes: float  # the least of base_by_option (CUDA; 0 on the CPU)
     tokens: int  # the probe step's token count
     inexact: list[str]  # "unit:option" of lossless options whose gradients differed (should be empty)
+    peaks: dict[str, float] = dataclasses.field(default_factory=dict)  # each option's step peak (CUDA)
+    # per option: its step peak less what it predicts the units hold (kept bytes, and a checkpointed unit's
+    # rebuilt tensors at once): what the step holds besides the units, as that option's step sees it
+    base_by_option: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _sync(device: torch.device) -> None:
@@ -85,7 +92,13 @@ def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module]
             p.grad = g
     tokens = planned.tokens
     keep_kept = kept["keep"]
-    base = max(peaks["keep"] - sum(keep_kept), 0.0) if device.type == "cuda" else 0.0
+    base_by_option = {}
+    if device.type == "cuda":
+        for option in seconds:
+            rebuilt = max(keep_kept) if option == "checkpoint" and keep_kept else 0.0
+            base_by_option[option] = max(peaks[option] - sum(kept[option]) - rebuilt, 0.0)
+    # The least estimate: a saved tensor the units' accounts miss under one option inflates only that one's.
+    base = min(base_by_option.values()) if base_by_option else 0.0
     inexact = []
     costs = []
     for i, (name, _) in enumerate(planned.units):
@@ -100,7 +113,7 @@ def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module]
             r.append(err)
             t.append(float(keep_kept[i]) if option == "checkpoint" else 0.0)
         costs.append(UnitCosts(name, tuple(names), tuple(b), tuple(s), tuple(r), tuple(t)))
-    return Profile(costs, base, tokens, inexact)
+    return Profile(costs, base, tokens, inexact, peaks if device.type == "cuda" else {}, base_by_option)
 
 
 def _relative_error(got: list, want: list) -> float:
