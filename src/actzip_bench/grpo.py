@@ -27,6 +27,7 @@ backward of that loss (no optimizer step), interleaved across strategies, median
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import warnings
 from dataclasses import asdict, dataclass
@@ -69,7 +70,8 @@ class GRPOBenchConfig:
     reward_steps: int = 0  # GRPO training steps per strategy and seed (0: throughput only)
     reward_preset: str = "small"  # the trained policy's size (PRESETS; its vocabulary is the task's)
     reward_completion_len: int = 8  # longest completion when trained (an answer and its end token)
-    sft_steps: int = 300  # supervised steps on worked sums before GRPO, so that rewards can move
+    sft_steps: int = 750  # supervised steps on worked sums before GRPO, so that rewards can move
+    sft_lr: float = 1e-3  # AdamW learning rate of those steps
     seeds: int = 1  # training runs per strategy
     seed: int = 0  # synthetic batch and initialization
 
@@ -164,7 +166,7 @@ def _trainer(strategy: str, model, cfg: GRPOBenchConfig, device: torch.device, b
     return t
 
 
-def supervised_warm_up(model, steps: int, seed: int, device: torch.device) -> None:
+def supervised_warm_up(model, steps: int, seed: int, device: torch.device, lr: float = 1e-3) -> None:
     """Next-token training on worked sums ``"a+b=c<eos>"`` (AdamW, batch 64): a policy that can earn reward."""
     from actzip_bench.data.arithmetic import addition_dataset, char_tokenizer
 
@@ -173,7 +175,7 @@ def supervised_warm_up(model, steps: int, seed: int, device: torch.device) -> No
     tok = char_tokenizer()
     data = addition_dataset(64 * steps, seed=seed + 1000)
     texts = [p + a + tok.eos_token for p, a in zip(data["prompt"], data["answer"])]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     tok.padding_side = "right"
     for i in range(steps):
         enc = tok(texts[i * 64:(i + 1) * 64], return_tensors="pt", padding=True).to(device)
@@ -183,7 +185,8 @@ def supervised_warm_up(model, steps: int, seed: int, device: torch.device) -> No
         opt.zero_grad(set_to_none=True)
 
 
-def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
+def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None, log=None) -> dict:
+    """Run the benchmark; ``progress(name)`` is told of every timed update, ``log(message)`` of every stage."""
     from actzip_bench.harness import machine_record, run_interleaved
     from actzip_bench.one_liner import shared_copy
 
@@ -195,6 +198,8 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
     model = build_policy(cfg.preset, cfg.prompt_len + cfg.completion_len + 8, cfg.seed).to(device, dtype).train()
     batch = synthetic_batch(cfg, device)
     tokens = int(batch["completion_mask"].sum())
+    log = log or (lambda message: None)
+    log(f"policy built; measuring checkpointing's peak for the planner's budget ({tokens} completion tokens)")
     budget = _planner_budget(cfg, model, batch, device)
     trainers = {}
     for s in cfg.strategies:
@@ -215,14 +220,16 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
     try:
         compiled = None
         if "compile" in trainers:
-            compiled = _compiled(trainers["compile"], batch, budget, device)
+            compiled = _compiled(trainers["compile"], batch, budget, device, log)
         for s in PLANNED:
             if s in trainers:
+                log(f"{s}: profiling every option of every unit, then solving")
                 try:
                     update(s)  # plans the policy (its probe steps untimed)
                 except ConfigError as e:  # no plan fits the budget: the row says why, the others still run
                     skipped[s] = str(e)
                     del trainers[s]
+        log(f"timing {', '.join(trainers)}: {cfg.warmup} + {cfg.rounds} interleaved rounds")
         results = run_interleaved({s: (lambda s=s: update(s)) for s in trainers}, device, rounds=cfg.rounds,
                                   warmup=cfg.warmup, progress=progress, above_resident=device.type == "cuda")
     finally:
@@ -235,13 +242,13 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None) -> dict:
                      "compile_budgets": compiled.tried if s == "compile" else None,
                      "compile_budget": compiled.budget if s == "compile" else None})
     if cfg.reward_steps:
-        _rewards(cfg, device, runs)
+        _rewards(cfg, device, runs, log)
     return {"config": asdict(cfg), "runs": runs, "skipped": skipped, "planner_budget_bytes": budget,
             "zero_advantage_rows": int((batch["advantages"] == 0).sum()), "rows": int(batch["advantages"].numel()),
             "planner_timing": planner_timing(), "machine": machine_record(device)}
 
 
-def _compiled(trainer, batch, limit: int | None, device: torch.device):
+def _compiled(trainer, batch, limit: int | None, device: torch.device, log):
     """Compile the trainer's policy at the largest budget within ``limit`` (checkpointing's peak, CUDA)."""
     from actzip_bench.grpo_compile import compile_within
 
@@ -250,7 +257,7 @@ def _compiled(trainer, batch, limit: int | None, device: torch.device):
             p.grad = None
         trainer._compute_loss(m, dict(batch)).backward()
 
-    kept = compile_within(trainer.model, step, limit if device.type == "cuda" else None, device)
+    kept = compile_within(trainer.model, step, limit if device.type == "cuda" else None, device, log=log)
     trainer.model = kept.model
     return kept
 
@@ -316,7 +323,7 @@ def _plan_table(trainer) -> str | None:
         return None
 
 
-def _rewards(cfg, device, runs) -> None:
+def _rewards(cfg, device, runs, log) -> None:
     """Train ``reward_steps`` GRPO steps per strategy and seed; record the mean reward of the last half."""
     rcfg = dataclasses.replace(cfg, preset=cfg.reward_preset, completion_len=cfg.reward_completion_len)
     reward_budget = None
@@ -324,16 +331,23 @@ def _rewards(cfg, device, runs) -> None:
         probe = build_policy(rcfg.preset, rcfg.prompt_len + rcfg.completion_len + 8, cfg.seed).to(device).train()
         reward_budget = _planner_budget(rcfg, probe, synthetic_batch(rcfg, device), device)
         del probe
+    trained = []
     for row in runs:
-        s = row["strategy"]
-        if s == "compile":  # generation under compile recompiles per length; its gradients are none's
+        if row["strategy"] == "compile":  # generation under compile recompiles per length; its gradients are none's
             row["reward_skipped"] = "not trained: compiled recomputation computes plain autograd's update"
-            continue
-        finals, curves = [], []
-        for seed in range(cfg.seeds):
-            model = build_policy(cfg.reward_preset, cfg.prompt_len + cfg.reward_completion_len + 8,
-                                 cfg.seed + seed).to(device)
-            supervised_warm_up(model.train(), cfg.sft_steps, cfg.seed + seed, device)
+        else:
+            row["reward_per_seed"], row["reward_curves"] = [], []
+            trained.append(row)
+    for seed in range(cfg.seeds):
+        # one supervised warm-up per seed, copied for every strategy: each starts GRPO from the same policy
+        log(f"seed {seed + 1} of {cfg.seeds}: {cfg.sft_steps} supervised steps")
+        warmed = build_policy(cfg.reward_preset, cfg.prompt_len + cfg.reward_completion_len + 8,
+                              cfg.seed + seed).to(device)
+        supervised_warm_up(warmed.train(), cfg.sft_steps, cfg.seed + seed, device, cfg.sft_lr)
+        for row in trained:
+            s = row["strategy"]
+            log(f"seed {seed + 1} of {cfg.seeds}: {s}, {cfg.reward_steps} GRPO steps")
+            model = copy.deepcopy(warmed)
             if s == "checkpoint":
                 enable_hf_checkpointing(model)
             t = _trainer(s, model, cfg, device, reward_budget, steps=cfg.reward_steps, seed=seed,
@@ -342,12 +356,11 @@ def _rewards(cfg, device, runs) -> None:
                 warnings.simplefilter("ignore")
                 t.train()
             rewards = [h["reward"] for h in t.state.log_history if "reward" in h]
-            curves.append(rewards)
+            row["reward_curves"].append(rewards)
             tail = rewards[len(rewards) // 2:] or rewards
-            finals.append(sum(tail) / len(tail) if tail else float("nan"))
-        row["reward"] = sum(finals) / len(finals)
-        row["reward_per_seed"] = finals
-        row["reward_curves"] = curves
+            row["reward_per_seed"].append(sum(tail) / len(tail) if tail else float("nan"))
+    for row in trained:
+        row["reward"] = sum(row["reward_per_seed"]) / len(row["reward_per_seed"])
 
 
 def plot(record: dict, path) -> None:

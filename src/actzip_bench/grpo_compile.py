@@ -38,7 +38,7 @@ def _peak_of(step, model, device: torch.device) -> int | None:
 
 
 def compile_within(model, step, limit_bytes: int | None, device: torch.device,
-                   budgets: tuple[float, ...] = BUDGETS) -> CompiledPolicy:  # fmt: skip
+                   budgets: tuple[float, ...] = BUDGETS, log=None) -> CompiledPolicy:  # fmt: skip
     """Compile weight-sharing copies of ``model`` under each budget in turn (``step(copy)`` runs one update:
     the first compiles it) and keep the first whose update peak is ``<= limit_bytes`` (else the last tried).
 
@@ -52,6 +52,8 @@ def compile_within(model, step, limit_bytes: int | None, device: torch.device,
     tried = []
     kept = None
     for b in budgets:
+        if log is not None:
+            log(f"compile: activation_memory_budget {b}")
         torch._dynamo.reset()
         functorch_config.activation_memory_budget = b
         twin = shared_copy(model)

@@ -130,7 +130,9 @@ def _bench_grpo(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(GRPOBenchConfig.quick(), **given)
     device = device_from_args(args)
     console = Console()
-    record = run_grpo(cfg, device)
+    with console.status("GRPO bench") as status:
+        record = run_grpo(cfg, device, progress=lambda name: status.update(f"timing {name}"),
+                          log=lambda message: (console.log(message), status.update(message)))
     record["command"] = command_line(args)
     t = Table(title=f"GRPO actor update, {cfg.preset} Llama policy, {cfg.prompts}x{cfg.group_size} completions of "
                     f"<= {cfg.completion_len} tokens, {cfg.loss_type}, {device}")
@@ -186,6 +188,7 @@ def add_parsers(bench) -> None:
     gr.add_argument("--reward-completion-len", type=int, dest="reward_completion_len",
                     help="longest completion when trained (default 8)")
     gr.add_argument("--seeds", type=int)
+    gr.add_argument("--sft-steps", type=int, dest="sft_steps", help="supervised warm-up steps before GRPO (default 750)")
     gr.add_argument("--device")
     gr.add_argument("--json", metavar="PATH", help="also writes PATH with .png (the reward curves) when training")
     gr.set_defaults(func=_bench_grpo)
