@@ -20,7 +20,7 @@ from actzip.errors import ConfigError
 from actzip.memory.planner.options import LOSSLESS, OPTIONS
 from actzip.memory.planner.plan import Plan
 from actzip.memory.planner.planned import PlannedUnits
-from actzip.memory.planner.profile import profile
+from actzip.memory.planner.profile import NOISE_MARGIN, profile
 from actzip.memory.planner.solver import UnitCosts
 from actzip.memory.planner.units import GRANULARITIES, find_units, model_signature
 
@@ -141,6 +141,9 @@ def _make_plan(model: nn.Module, config: PlannerConfig, planned: PlannedUnits, s
     device = next(model.parameters()).device
     options = _usable(config.options, device, config.max_risk, report)
     measured = profile(model, planned, config.probe, options, config.repeats)
+    if any(measured.noise_floor):
+        report.notes.append(f"planner: two plain steps' gradients differ by up to {max(measured.noise_floor):.2e} "
+                            f"(relative; non-deterministic kernels): lossless options were held to {NOISE_MARGIN:g} times that")
     if measured.inexact:
         report.notes.append(f"planner: lossless options changed gradients at {measured.inexact} (left out)")
     costs = [_without(c, {x.split(":")[1] for x in measured.inexact if x.startswith(c.name + ":")})
