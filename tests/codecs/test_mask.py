@@ -100,3 +100,81 @@ def test_refusals():
         c.decode(p)
     with pytest.raises(PayloadError, match="made by codec 'quant'"):
         c.decode(actzip.codecs.get("quant").encode(torch.randn(8)))
+
+
+@pytest.mark.parametrize("structure", ["channel", "token"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_structured_random_keeps_whole_channels_or_rows_scaled(structure, dtype):
+    x = torch.randn(3, 10, 16).to(dtype) + 0.5  # no exact zeros
+    c = MaskCodec(keep=0.25, structure=structure, seed=1)
+    p = c.encode(x)
+    assert p.nbytes == c.payload_nbytes(x.numel(), x.element_size(), channels=16)
+    y = c.decode(p).reshape(-1, 16)
+    x2 = x.reshape(-1, 16)
+    axis = 1 if structure == "channel" else 0
+    units = x2.shape[axis]
+    k = kept_count(units, 0.25)
+    kept = (y != 0).any(dim=1 - axis)
+    assert int(kept.sum()) == k  # whole channels (rows) kept, the rest all zero
+    sel = (slice(None), kept) if axis == 1 else (kept, slice(None))
+    assert torch.equal(y[sel], (x2[sel].float() * (units / k)).to(dtype))
+    assert c.unbiased
+
+
+@pytest.mark.parametrize("structure", ["channel", "token"])
+def test_structured_random_is_unbiased(structure):
+    x = torch.randn(8, 12)
+    c = MaskCodec(keep=0.25, structure=structure, seed=7)
+    n = 4000
+    mean = sum(c.decode(c.encode(x)) for _ in range(n)) / n
+    units = 12 if structure == "channel" else 8
+    k = kept_count(units, 0.25)
+    std = x.abs() * (units / k - 1) ** 0.5 / n**0.5
+    assert ((mean - x).abs() < 5 * std + 1e-6).all()
+
+
+@pytest.mark.parametrize("structure,where", [("channel", "mask"), ("token", "index")])
+def test_structured_topk_keeps_the_largest_norms_exactly(structure, where):
+    torch.manual_seed(0)
+    x = torch.randn(400, 64) * torch.linspace(0.1, 2, 64)  # channels of different norms
+    keep = 0.5 if structure == "channel" else 0.01
+    c = MaskCodec(keep=keep, mode="topk", structure=structure)
+    p = c.encode(x)
+    assert where in p.buffers and p.nbytes == c.payload_nbytes(x.numel(), 4, channels=64)
+    y = c.decode(p)
+    axis = 1 if structure == "channel" else 0
+    kept = (y != 0).any(dim=1 - axis)
+    norms = x.square().sum(1 - axis)
+    assert norms[kept].min() >= norms[~kept].max()
+    sel = (slice(None), kept) if axis == 1 else (kept, slice(None))
+    assert torch.equal(y[sel], x[sel])
+
+
+def test_structured_masks_on_a_wire_spec_and_their_refusals():
+    from actzip.wire.codecs import WireCodec
+
+    wire = WireCodec("mask:keep=0.5,structure=token,mode=topk")
+    h = torch.randn(2, 6, 8)
+    sent = wire.encode({"hidden": h})
+    got = wire.decode(sent)["hidden"]
+    kept = (got != 0).any(-1).reshape(-1)
+    assert wire.describe() and int(kept.sum()) == 6 and torch.equal(got.reshape(-1, 8)[kept], h.reshape(-1, 8)[kept])
+    with pytest.raises(ConfigError, match="structure"):
+        MaskCodec(structure="row")
+    with pytest.raises(ConfigError, match="channels"):
+        MaskCodec(structure="channel").payload_nbytes(10, 4)
+    with pytest.raises(ConfigError, match="scalar"):
+        MaskCodec(structure="token").encode(torch.tensor(1.0))
+    c = MaskCodec(keep=0.5, structure="token")
+    p = c.encode(torch.randn(4, 6))
+    p.buffers["values"] = p.buffers["values"][:1]
+    with pytest.raises(PayloadError, match="token"):
+        c.decode(p)
+
+
+@pytest.mark.parametrize("structure", ["element", "channel", "token"])
+@pytest.mark.parametrize("mode", ["random", "topk"])
+def test_empty_tensors_round_trip(structure, mode):
+    c = MaskCodec(keep=0.5, mode=mode, structure=structure)
+    x = torch.zeros(0, 8)
+    assert c.decode(c.encode(x)).shape == (0, 8)

@@ -11,6 +11,14 @@ Over the tensor's ``n`` elements in memory order, ``k = max(1, round(keep * n))`
   bytes) or as int32 indices (``4 k`` bytes), whichever is smaller. Biased (small values are always lost), so
   ``rescale`` is off by default; the kept values come back exactly.
 
+``structure`` chooses what is kept or dropped whole: ``"element"`` (the default: single elements, as above),
+``"channel"`` (columns of the tensor seen as ``[rows, channels]``, its last dimension: ``k`` of the channels,
+every row of each) or ``"token"`` (rows: ``k`` of the rows, every channel of each). A structured top-k ranks
+channels or rows by their L2 norm; a structured random mask keeps each with probability ``k / count`` and with
+``rescale`` multiplies by ``count / k``: unbiased again, with ``Var = x_j**2 * (count / k - 1)`` per element.
+A structured payload's positions index channels or rows; its values are the kept columns (``[rows, k]``) or
+rows (``[k, channels]``) in the tensor's logical order.
+
 Format (buffers):
 
 - ``values``: the kept values in ``x``'s dtype, bit-exact (for ``topk`` in increasing position order);
@@ -41,6 +49,7 @@ from actzip.core.registry import register_codec
 from actzip.errors import ConfigError, InvalidValueError, PayloadError
 
 MASK_MODES = ("random", "topk")
+MASK_STRUCTURES = ("element", "channel", "token")
 
 
 def kept_count(n: int, keep: float) -> int:
@@ -70,6 +79,7 @@ class MaskCodec(Codec):
         is unbiased), off for ``topk`` (where it would only inflate the largest values).
       seed: base seed of the random positions (``None`` means 0); a fresh derived seed per encode.
       check: refuse inf/NaN (one host sync per encode); without it a tensor holding them decodes to all NaN.
+      structure: ``"element"``, ``"channel"`` (whole columns of the last dimension) or ``"token"`` (whole rows).
 
     Guarantee: kept elements come back bit-exact (times ``n / k`` with ``rescale``, in the working precision);
     dropped ones come back as 0. ``random`` with ``rescale`` is unbiased, each element's variance
@@ -88,6 +98,7 @@ class MaskCodec(Codec):
         rescale: bool | None = None,
         seed: int | None = None,
         check: bool = True,
+        structure: str = "element",
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0.0 < keep <= 1.0:
             raise ConfigError(f"mask: option keep must be a fraction in (0, 1], got {keep!r}")
@@ -95,6 +106,8 @@ class MaskCodec(Codec):
         if rescale is not None and not isinstance(rescale, bool):
             raise ConfigError(f"mask: option rescale must be None, True or False, got {rescale!r}")
         check_seed("mask", seed)
+        check_choice("mask", "structure", structure, MASK_STRUCTURES)
+        self.structure = structure
         self.keep = float(keep)
         self.mode = mode
         self.rescale = (mode == "random") if rescale is None else rescale
@@ -105,62 +118,122 @@ class MaskCodec(Codec):
 
     def options(self) -> dict:
         return {"keep": self.keep, "mode": self.mode, "rescale": self.rescale, "seed": self.seed,
-                "check": self.check_values}
+                "check": self.check_values, "structure": self.structure}
 
-    def payload_nbytes(self, n: int, itemsize: int) -> int:
-        """Bytes of the payload of an ``n``-element tensor of ``itemsize``-byte elements."""
-        k = kept_count(n, self.keep)
-        where = 8 if self.mode == "random" else min((n + 7) // 8, 4 * k)
-        return k * itemsize + where + (0 if self.check_values else 1)
+    def payload_nbytes(self, n: int, itemsize: int, channels: int | None = None) -> int:
+        """Bytes of the payload of an ``n``-element tensor of ``itemsize``-byte elements (structured masks: with
+        ``channels`` elements in its last dimension)."""
+        units, width = n, 1
+        if self.structure != "element":
+            if not channels or n % channels:
+                raise ConfigError(f"mask: structure={self.structure!r} needs the tensor's last dimension "
+                                  f"(channels=...) dividing its {n} elements, got {channels!r}")
+            rows = n // channels
+            units, width = (channels, rows) if self.structure == "channel" else (rows, channels)
+        k = kept_count(units, self.keep)
+        where = 8 if self.mode == "random" else min((units + 7) // 8, 4 * k)
+        return k * width * itemsize + where + (0 if self.check_values else 1)
 
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
         self.check(x, name)
         x = x.detach()
+        if self.structure != "element":
+            return self._encode_structured(x, name)
         flat, perm = memory_order(x)
         n = flat.numel()
         k = kept_count(n, self.keep)
         buffers: dict[str, torch.Tensor] = {}
-        if self.check_values:
-            bad = int((~torch.isfinite(flat)).sum())
-            if bad:
-                raise InvalidValueError(
-                    f"mask: {name} has {bad} of {n} elements non-finite (inf or NaN); mask cannot drop them "
-                    f"silently (check=False makes such a tensor decode to NaN)"
-                )
-        if self.mode == "random":
-            seed = derive_seed(0 if self.seed is None else self.seed, self._count)
-            self._count += 1
-            pos = random_positions(n, k, seed, x.device)
-            buffers["seed"] = torch.tensor([seed], dtype=torch.int64, device=x.device)
-        else:
-            pos = torch.topk(flat.abs(), k, sorted=False).indices.sort().values if k else flat.new_zeros(0).long()
-            if (n + 7) // 8 <= 4 * k:
-                bits = torch.zeros(n + (-n) % 8, dtype=torch.bool, device=x.device)
-                bits[pos] = True
-                buffers["mask"] = pack_bool(bits)
-            else:
-                buffers["index"] = pos.to(torch.int32)
+        self._check_finite(flat, name)
+        pos = self._positions(n, k, flat.abs, x.device, buffers)
         buffers["values"] = flat[pos].clone()
         if not self.check_values:
             buffers["finite"] = torch.isfinite(flat).all().to(torch.uint8).reshape(1)
         meta = {"perm": perm, "keep": self.keep, "mode": self.mode, "rescale": self.rescale}
         return Payload(self.name, x.shape, x.dtype, x.device, buffers=buffers, meta=meta)
 
+    def _check_finite(self, flat: torch.Tensor, name: str) -> None:
+        if self.check_values:
+            bad = int((~torch.isfinite(flat)).sum())
+            if bad:
+                raise InvalidValueError(
+                    f"mask: {name} has {bad} of {flat.numel()} elements non-finite (inf or NaN); mask cannot drop "
+                    f"them silently (check=False makes such a tensor decode to NaN)"
+                )
+
+    def _positions(self, units: int, k: int, scores, device, buffers: dict) -> torch.Tensor:
+        """The kept units' positions (random from a fresh seed, or the ``k`` largest ``scores()``), recorded."""
+        if self.mode == "random":
+            seed = derive_seed(0 if self.seed is None else self.seed, self._count)
+            self._count += 1
+            buffers["seed"] = torch.tensor([seed], dtype=torch.int64, device=device)
+            return random_positions(units, k, seed, device)
+        pos = torch.topk(scores(), k, sorted=False).indices.sort().values
+        if (units + 7) // 8 <= 4 * k:
+            bits = torch.zeros(units + (-units) % 8, dtype=torch.bool, device=device)
+            bits[pos] = True
+            buffers["mask"] = pack_bool(bits)
+        else:
+            buffers["index"] = pos.to(torch.int32)
+        return pos
+
+    def _encode_structured(self, x: torch.Tensor, name: str) -> Payload:
+        if x.dim() == 0:
+            raise ConfigError(f"mask: structure={self.structure!r} needs a tensor with a channel dimension; "
+                              f"{name} is a scalar")
+        rows2d = x.reshape(-1, x.shape[-1])
+        self._check_finite(rows2d.reshape(-1), name)
+        axis = 1 if self.structure == "channel" else 0
+        units = rows2d.shape[axis]
+        k = kept_count(units, self.keep)
+        buffers: dict[str, torch.Tensor] = {}
+        scores = lambda: rows2d.to(work_dtype(x.dtype)).square().sum(1 - axis)  # noqa: E731
+        pos = self._positions(units, k, scores, x.device, buffers)
+        buffers["values"] = rows2d.index_select(axis, pos).contiguous()
+        if not self.check_values:
+            buffers["finite"] = torch.isfinite(rows2d).all().to(torch.uint8).reshape(1)
+        meta = {"keep": self.keep, "mode": self.mode, "rescale": self.rescale, "structure": self.structure}
+        return Payload(self.name, x.shape, x.dtype, x.device, buffers=buffers, meta=meta)
+
+    def _decode_structured(self, p: Payload) -> torch.Tensor:
+        shape = p.shape
+        channels = shape[-1] if len(shape) else 1
+        rows = shape.numel() // channels if channels else 0
+        axis = 1 if p.meta["structure"] == "channel" else 0
+        units = (rows, channels)[axis]
+        k = kept_count(units, p.meta["keep"])
+        values = p.buffers["values"]
+        want = (rows, k) if axis == 1 else (k, channels)
+        if tuple(values.shape) != want:
+            raise PayloadError(f"mask: payload holds values of shape {tuple(values.shape)} where keep="
+                               f"{p.meta['keep']} of {units} {p.meta['structure']}s of a {tuple(shape)} tensor "
+                               f"means {want}")
+        pos = self._decoded_positions(p, units, k)
+        if p.meta["rescale"] and k:
+            values = (values.to(work_dtype(p.dtype)) * (units / k)).to(p.dtype)
+        out = torch.zeros(rows, channels, dtype=p.dtype, device=p.device)
+        out.index_copy_(axis, pos, values)
+        if "finite" in p.buffers:
+            out = torch.where(p.buffers["finite"].bool(), out, torch.nan)
+        return out.reshape(shape)
+
+    def _decoded_positions(self, p: Payload, units: int, k: int) -> torch.Tensor:
+        if p.meta["mode"] == "random":
+            return random_positions(units, k, int(p.buffers["seed"][0]), p.device)
+        if "mask" in p.buffers:
+            return torch.nonzero_static(unpack_bool(p.buffers["mask"], units), size=k).reshape(-1)
+        return p.buffers["index"].long()
+
     def decode(self, payload: Payload) -> torch.Tensor:
         p = self._own(payload)
+        if p.meta.get("structure", "element") != "element":
+            return self._decode_structured(p)
         n = p.shape.numel()
         k = kept_count(n, p.meta["keep"])
         values = p.buffers["values"]
         if values.numel() != k:
             raise PayloadError(f"mask: payload holds {values.numel()} values where keep={p.meta['keep']} of "
                                f"{n} elements means {k}")
-        if p.meta["mode"] == "random":
-            pos = random_positions(n, k, int(p.buffers["seed"][0]), p.device)
-        elif "mask" in p.buffers:
-            bits = unpack_bool(p.buffers["mask"], n)
-            pos = torch.nonzero_static(bits, size=k).reshape(-1)
-        else:
-            pos = p.buffers["index"].long()
+        pos = self._decoded_positions(p, n, k)
         if p.meta["rescale"] and k:
             values = (values.to(work_dtype(p.dtype)) * (n / k)).to(p.dtype)
         out = torch.zeros(n, dtype=p.dtype, device=p.device)
