@@ -72,6 +72,7 @@ class GRPOBenchConfig:
     reward_completion_len: int = 8  # longest completion when trained (an answer and its end token)
     sft_steps: int = 750  # supervised steps on worked sums before GRPO, so that rewards can move
     sft_lr: float = 1e-3  # AdamW learning rate of those steps
+    grpo_lr: float = 1e-4  # learning rate of the GRPO steps (TRL's default, 1e-6, barely moves a small policy)
     seeds: int = 1  # training runs per strategy
     seed: int = 0  # synthetic batch and initialization
 
@@ -149,7 +150,7 @@ def _trainer(strategy: str, model, cfg: GRPOBenchConfig, device: torch.device, b
         output_dir="/tmp/actzip-bench-grpo", max_steps=steps, per_device_train_batch_size=cfg.group_size,
         num_generations=cfg.group_size, max_completion_length=completion_len or cfg.completion_len, report_to=[], save_strategy="no",
         loss_type=cfg.loss_type, use_cpu=device.type == "cpu", gradient_checkpointing=strategy == "checkpoint",
-        bf16=cfg.dtype == "bfloat16", logging_steps=1, seed=seed, disable_tqdm=True)
+        bf16=cfg.dtype == "bfloat16", logging_steps=1, seed=seed, disable_tqdm=True, learning_rate=cfg.grpo_lr)
     kw = {}
     cls = Cached
     if strategy in PLANNED:
