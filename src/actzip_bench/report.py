@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from actzip.errors import ConfigError
+from actzip_bench.report_grpo import grpo_section
+from actzip_bench.report_provenance import provenance
 
 HEADER = """# Results
 
@@ -55,15 +57,6 @@ def _demo_section(path: Path, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _provenance(rec: dict, path: Path, root: Path) -> str:
-    m = rec.get("machine", {})
-    where = m.get("gpu") or m.get("host_cpu", "?")
-    if m.get("gpu") and m.get("gpus", 1) > 1:
-        where = f"{m['gpus']}x {where}"
-    return (f"`{rec.get('command', '?')}` on {where}, torch {m.get('torch', '?')}, "
-            f"Triton {m.get('triton', '?')}, {m.get('date', '?')} ([{path.name}]({Path('..') / path.relative_to(root)}))")
-
-
 def _kernels_section(path: Path, root: Path) -> str:
     rec = json.loads(path.read_text())
     lines = [
@@ -75,7 +68,7 @@ def _kernels_section(path: Path, root: Path) -> str:
         "fused ReLU² encode (what the fused MLPs run) reads h and writes relu(h)² and the payload of relu(h), in "
         "two passes or one. Sign packing compacts whole values first, then packs them (two passes only). No host "
         "synchronization in any of them.\n",
-        _provenance(rec, path, root) + "\n",
+        provenance(rec, path, root) + "\n",
         "| dtype | density | sign packing | exact | 2-pass encode ms | % of copy | single-pass encode ms | % of copy "
         "| decode ms | % of copy | fused ReLU² encode % of copy (2-pass) | (single pass) |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -107,7 +100,7 @@ def _quant_section(path: Path, root: Path) -> str:
         f"{rec['copy_bandwidth'] / 1e12:.2f} TB/s (read + write). Throughput counts the tensor and its payload. "
         "`exact`: the Triton kernels make the PyTorch codec's payload and decoded bits, checked on "
         f"{cfg['check_numel']:,} elements (`vs torch`: the kernels' speed-up over the PyTorch codec there).\n",
-        _provenance(rec, path, root) + "\n",
+        provenance(rec, path, root) + "\n",
         "| dtype | variant | × smaller | exact | encode ms | % of copy | decode ms | % of copy "
         "| vs torch (enc / dec) |",
         "|---|---|---:|---|---:|---:|---:|---:|---:|",
@@ -147,7 +140,7 @@ def _ffn_section(path: Path, root: Path) -> str:
         "and checkpointing at 8.29 GB / +22% (quoted figures, not measured by this command; its uncompressed peak "
         "was 12.39 GB where this harness's is larger, since it counts weights, gradients and input in the peak: "
         "compare the relative figures).\n",
-        _provenance(recs[0], path, root) + "; every row's command:\n",
+        provenance(recs[0], path, root) + "; every row's command:\n",
         *[f"- `{r.get('command', '?')}` ({r.get('machine', {}).get('date', '?')})" for r in recs],
         "",
     ]
@@ -195,7 +188,7 @@ def _gpt_section(path: Path, root: Path) -> str:
          "step peak / tokens." + (" Δgrad: max |grad − grad of none| after one step from the same weights (for "
                                    "none: between two of its own runs, the non-deterministic kernels' floor)."
                                    if grads else "") + "\n"),
-        _provenance(rec, path, root) + "\n",
+        provenance(rec, path, root) + "\n",
         "| seq | strategy | step ms | vs none | peak KiB/token | vs none |" + (" Δgrad |" if grads else ""),
         "|---:|---|---:|---:|---:|---:|" + ("---:|" if grads else ""),
     ]
@@ -213,47 +206,6 @@ def _gpt_section(path: Path, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _grpo_section(path: Path, root: Path) -> str:
-    rec = json.loads(path.read_text())
-    c, pt = rec["config"], rec["planner_timing"]
-    zero = rec.get("zero_advantage_rows")
-    lines = [
-        "\n## GRPO actor update: tokens/s per memory strategy\n",
-        (f"{c['preset']} Llama-style policy, {c['dtype']}, {c['prompts']} groups of {c['group_size']} completions of at "
-         f"most {c['completion_len']} tokens, TRL's {c['loss_type']} loss; one update = forward and backward, "
-         f"strategies interleaved (median)"
-         + (f"; {zero} of {rec['rows']} sequences have zero advantage (`planner` leaves them out, "
-            "`planner-no-drop` keeps them)" if zero is not None else "")
-         + f". Planner budget {rec['planner_budget_bytes']:,} bytes. A fresh plan for "
-         f"{pt['units']} synthetic units took {pt['solve_s']:.2f} s, a cached lookup {pt['lookup_ms']:.4f} ms.\n"),
-    ]
-    if c.get("reward_steps"):
-        lines.append(f"Reward: the {c.get('reward_preset', c['preset'])} policy after {c['sft_steps']} supervised "
-                     f"steps, {c['reward_steps']} GRPO steps per strategy and seed from the same warmed policy; the "
-                     f"mean reward of the last half of the steps, mean over {c['seeds']} seeds (min–max).\n")
-    lines += [_provenance(rec, path, root) + "\n",
-              "| strategy | update ms | tokens/s | vs none | peak MiB | reward (min–max) |",
-              "|---|---:|---:|---:|---:|---:|"]
-    for r in rec["runs"]:
-        peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.1f}"
-        seeds = r.get("reward_per_seed") or []
-        reward = "" if r.get("reward") is None else f"{r['reward']:.3f}"
-        if len(seeds) > 1:
-            reward += f" ({min(seeds):.3f}–{max(seeds):.3f})"
-        lines.append(f"| {r['strategy']} | {r['median_ms']:.2f} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['time_vs_none'] - 1:+.1%} | {peak} | {reward} |")
-    for r in rec["runs"]:
-        if r.get("compile_budgets"):
-            tried = ", ".join(f"{t['budget']}: " + ("n/a" if t["peak_bytes"] is None else f"{t['peak_bytes'] / 2**20:,.0f} MiB")
-                              for t in r["compile_budgets"])
-            lines.append(f"\n`compile` ran at activation_memory_budget {r['compile_budget']} (peaks tried: {tried}).")
-        if r.get("reward_skipped"):
-            lines.append(f"\n`{r['strategy']}` reward {r['reward_skipped']}.")
-    for s, why in rec.get("skipped", {}).items():
-        lines.append(f"\n`{s}` not run: {why}")
-    return "\n".join(lines) + "\n"
-
-
 def _bits_section(path: Path, root: Path) -> str:
     rec = json.loads(path.read_text())
     c = rec["config"]
@@ -262,7 +214,7 @@ def _bits_section(path: Path, root: Path) -> str:
         f"relu(h) of each block of a {c['preset']} ReLU² GPT trained {c['steps']} steps on the embedded corpus "
         f"(final train loss {rec['final_train_loss']:.3f}), as {c['dtype']}, on {c['eval_batches']} held-out batches. "
         "Bound = binary entropy of the mask at the measured density + value bits of the stored elements.\n",
-        _provenance(rec, path, root) + "\n",
+        provenance(rec, path, root) + "\n",
         "| layer | density | bound | codec | bound, sign packed | codec, sign packed | codec / bound |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -285,7 +237,7 @@ def _presets_section(path: Path, root: Path) -> str:
         "kept (parameters and inputs excluded); gaps are relative to `lossless`: final train loss = mean of the "
         "last 50 steps; val loss = 8 held-out batches (at this size the models overfit the corpus, val loss "
         "being 1.6-2x the train loss, so the val gap is noisy).\n",
-        _provenance(rec, path, root) + "\n",
+        provenance(rec, path, root) + "\n",
         "| preset | saved B/token | vs lossless | final train loss | train gap | val loss | val gap | step ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -314,7 +266,7 @@ def _cache_section(path: Path, root: Path) -> str:
         f"activations autograd keeps for backward (parameters and inputs excluded), measured in one probe step; {head}. "
         "Peak: the step's maximum allocation, weights, gradients and AdamW state included. Gradient error: "
         "|g − g_none| / |g_none| on the same weights and batch.\n",
-        _provenance(rec, path, root) + "\n",
+        provenance(rec, path, root) + "\n",
         *[f"- `{s}`: {d}" for s, d in rec["strategies"].items()],
         "",
     ]
@@ -351,7 +303,7 @@ def _lora_section(path: Path, root: Path) -> str:
         "method; steps interleaved. Peak = step peak with the other methods' held memory taken out (CUDA only); "
         "saved = bytes autograd keeps after the forward of one probe batch (parameters excluded; not counted under "
         "checkpointing).\n"),
-        _provenance(rec, path, root) + "\n",
+        provenance(rec, path, root) + "\n",
         ("| method | step ms | vs lora | peak MiB | vs lora | saved KiB/token | vs lora | final train loss "
          "| test accuracy | Δ points |"),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -414,7 +366,7 @@ def _wire_section(path: Path, root: Path) -> str:
          "'wall' is the measured step time of the run itself. Loss: mean training loss of the last "
          f"{c['smooth']:.0%} of the {c['steps']} steps; val: held-out loss after them; time to target: until the "
          "smoothed loss reaches the best dense run's.\n"),
-        _provenance(rec, path, root) + "\n",
+        provenance(rec, path, root) + "\n",
         *([f"Boundary options of the stage compressors: `{c['boundary']}`.\n"] if c.get("boundary") else []),
         *([f"Learning-rate factor per stage: {', '.join(f'{f:g}' for f in c['stage_lr_scale'])}.\n"]
           if c.get("stage_lr_scale") else []),
@@ -460,7 +412,7 @@ def _wire_sweep_section(folder: Path, root: Path) -> str:
         sweep_markdown(recs),
         *([course] if (course := gap_course_markdown(recs)) else []),
         "Runs:\n",
-        *(f"- {_provenance(r, p, root)}" + (f" {r['note']}" if r.get("note") else "") for r, p in zip(recs, paths)),
+        *(f"- {provenance(r, p, root)}" + (f" {r['note']}" if r.get("note") else "") for r, p in zip(recs, paths)),
     ]
     return "\n".join(lines) + "\n"
 
@@ -468,7 +420,7 @@ def _wire_sweep_section(folder: Path, root: Path) -> str:
 def build(root: Path) -> str:
     out = [HEADER]
     sections = [("kernels.json", _kernels_section), ("quant.json", _quant_section), ("ffn*.json", _ffn_section),
-                ("gpt*.json", _gpt_section), ("bits.json", _bits_section), ("grpo*.json", _grpo_section)]
+                ("gpt*.json", _gpt_section), ("bits.json", _bits_section), ("grpo*.json", grpo_section)]
     for machine_dir in sorted(p for p in (root / "results").glob("*") if p.is_dir() and p.name != "demo"):
         for pattern, fn in sections:
             out.extend(fn(p, root) for p in sorted(machine_dir.glob(pattern)))
