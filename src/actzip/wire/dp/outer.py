@@ -1,0 +1,140 @@
+"""DiLoCo / SparseLoCo-style outer step: replicas train alone for H steps, then agree through a compressed
+pseudo-gradient.
+
+``sync = OuterSync(model, OuterConfig(local_steps=50, codec="mask:keep=0.03,mode=topk"))``, then
+``sync.step()`` after every inner optimizer step. Every ``local_steps``-th call:
+
+1. each replica's pseudo-gradient is ``global - local`` per parameter (what its H inner steps moved), plus the
+   residual it kept from the last round when ``error_feedback`` is on;
+2. it is encoded with ``codec`` (any registry codec spec: ``quant:bits=4``, ``mask:keep=0.03,mode=topk``, a
+   chain is not taken here; ``none`` sends it raw) and the residual becomes what the decode lost;
+3. the payloads are all-gathered (what is metered is exactly what each replica contributes: its payload's
+   buffers; ``none`` is a plain all-reduce of the raw tensor), every replica decodes all of them and averages;
+4. the outer optimizer (SGD with momentum, Nesterov by default, as DiLoCo) applies the mean to the global copy,
+   and every replica's parameters are set to it: the replicas are identical again, bit for bit.
+
+State: a float32 global copy, a momentum buffer and (with error feedback) a residual per parameter, three times
+the parameters' float32 size.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from actzip.core.payload import Payload
+from actzip.core.registry import get
+from actzip.errors import ConfigError
+
+__all__ = ["OuterConfig", "OuterMeter", "OuterSync"]
+
+
+@dataclass
+class OuterConfig:
+    """How replicas that train alone agree every ``local_steps`` steps."""
+
+    local_steps: int = 50  # inner steps between syncs (DiLoCo's H)
+    outer_lr: float = 0.7  # learning rate of the outer SGD on the mean pseudo-gradient
+    momentum: float = 0.9  # outer SGD momentum (0: none)
+    nesterov: bool = True  # Nesterov momentum, as DiLoCo
+    codec: str = "none"  # registry codec spec for the pseudo-gradient, or "none" (raw, all-reduced)
+    error_feedback: bool = True  # add what compression lost to the next round's pseudo-gradient
+
+    def __post_init__(self) -> None:
+        if isinstance(self.local_steps, bool) or not isinstance(self.local_steps, int) or self.local_steps < 1:
+            raise ConfigError(f"OuterConfig.local_steps must be an int >= 1, got {self.local_steps!r}")
+        for name in ("outer_lr", "momentum"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"OuterConfig.{name} must be a finite number >= 0, got {v!r}")
+        if "+" in str(self.codec):
+            raise ConfigError(f"OuterConfig.codec takes one registry codec, not a chain: {self.codec!r}")
+        if self.codec != "none":
+            get(self.codec)  # a bad spec is named here, not at the first sync
+
+
+@dataclass
+class OuterMeter:
+    """What one replica contributed to the outer syncs."""
+
+    syncs: int = 0
+    payload_bytes: int = 0  # bytes of the pseudo-gradients this replica sent
+    dense_bytes: int = 0  # their bytes raw (float32)
+    by_parameter: dict[str, int] = field(default_factory=dict)  # payload bytes per parameter name
+
+    @property
+    def ratio(self) -> float:
+        return self.dense_bytes / self.payload_bytes if self.payload_bytes else 0.0
+
+
+class OuterSync:
+    """The outer step over ``model``'s trainable parameters (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, config: OuterConfig, process_group=None) -> None:
+        self.config = config
+        self.group = process_group if process_group is not None else dist.group.WORLD
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not self.params:
+            raise ConfigError("OuterSync: the model has no trainable parameters")
+        self.world = dist.get_world_size(self.group)
+        with torch.no_grad():  # start from one point: replica 0's parameters
+            for _, p in self.params:
+                dist.broadcast(p.data, src=dist.get_global_rank(self.group, 0), group=self.group)
+        self.global_params = [p.detach().float().clone() for _, p in self.params]
+        self.momenta = [torch.zeros_like(g) for g in self.global_params]
+        self.residuals = [torch.zeros_like(g) for g in self.global_params] if config.error_feedback else None
+        self.codecs = [None if config.codec == "none" else get(config.codec) for _ in self.params]
+        self.meter = OuterMeter()
+        self.inner_steps = 0
+
+    def step(self) -> bool:
+        """Count one inner step; every ``local_steps``-th, run the outer step. True when it ran."""
+        self.inner_steps += 1
+        if self.inner_steps % self.config.local_steps:
+            return False
+        self.sync()
+        return True
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """The outer step now (all replicas must call it together)."""
+        cfg = self.config
+        self.meter.syncs += 1
+        for i, (name, p) in enumerate(self.params):
+            delta = self.global_params[i] - p.detach().float()
+            if self.residuals is not None:
+                delta += self.residuals[i]
+            mean, sent_bytes = self._mean(i, delta)
+            self.meter.payload_bytes += sent_bytes
+            self.meter.dense_bytes += delta.numel() * 4
+            self.meter.by_parameter[name] = self.meter.by_parameter.get(name, 0) + sent_bytes
+            m = self.momenta[i]
+            m.mul_(cfg.momentum).add_(mean)
+            update = mean.add(m, alpha=cfg.momentum) if cfg.nesterov else m
+            self.global_params[i].sub_(update, alpha=cfg.outer_lr)
+            p.copy_(self.global_params[i])
+
+    def _mean(self, i: int, delta: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The mean over replicas of what each sends of ``delta``, and the bytes this replica sent."""
+        codec = self.codecs[i]
+        if codec is None:
+            total = delta.clone()
+            dist.all_reduce(total, group=self.group)
+            if self.residuals is not None:
+                self.residuals[i].zero_()
+            return total.div_(self.world), delta.numel() * 4
+        payload = codec.encode(delta, name=self.params[i][0])
+        if self.residuals is not None:
+            self.residuals[i] = delta - codec.decode(payload).float()
+        keys = sorted(payload.buffers)
+        gathered = {k: [torch.empty_like(payload.buffers[k]) for _ in range(self.world)] for k in keys}
+        for k in keys:
+            dist.all_gather(gathered[k], payload.buffers[k].contiguous(), group=self.group)
+        total = torch.zeros_like(delta)
+        for r in range(self.world):
+            theirs = Payload(payload.codec, payload.shape, payload.dtype, payload.device,
+                             buffers={k: gathered[k][r] for k in keys}, meta=payload.meta)
+            total += codec.decode(theirs).float()
+        return total.div_(self.world), payload.nbytes
