@@ -70,7 +70,8 @@ class GRPOBenchConfig:
     reward_steps: int = 0  # GRPO training steps per strategy and seed (0: throughput only)
     reward_preset: str = "small"  # the trained policy's size (PRESETS; its vocabulary is the task's)
     reward_completion_len: int = 8  # longest completion when trained (an answer and its end token)
-    sft_steps: int = 750  # supervised steps on worked sums before GRPO, so that rewards can move
+    task_digits: int = 1  # operand digits of the trained task's sums
+    sft_steps: int = 100  # supervised steps on worked sums before GRPO: a policy right about half the time
     sft_lr: float = 1e-3  # AdamW learning rate of those steps
     grpo_lr: float = 1e-4  # learning rate of the GRPO steps (TRL's default, 1e-6, barely moves a small policy)
     seeds: int = 1  # training runs per strategy
@@ -158,7 +159,8 @@ def _trainer(strategy: str, model, cfg: GRPOBenchConfig, device: torch.device, b
                             "drop_zero_advantage": strategy == "planner"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        t = cls(model=model, reward_funcs=exact_sum_reward, args=args, train_dataset=addition_dataset(64, seed=seed),
+        prompts = addition_dataset(64, digits=cfg.task_digits, seed=seed)
+        t = cls(model=model, reward_funcs=exact_sum_reward, args=args, train_dataset=prompts,
                 processing_class=char_tokenizer(), **kw)
     import transformers
 
@@ -167,14 +169,14 @@ def _trainer(strategy: str, model, cfg: GRPOBenchConfig, device: torch.device, b
     return t
 
 
-def supervised_warm_up(model, steps: int, seed: int, device: torch.device, lr: float = 1e-3) -> None:
+def supervised_warm_up(model, steps: int, seed: int, device: torch.device, lr: float = 1e-3, digits: int = 1) -> None:
     """Next-token training on worked sums ``"a+b=c<eos>"`` (AdamW, batch 64): a policy that can earn reward."""
     from actzip_bench.data.arithmetic import addition_dataset, char_tokenizer
 
     if steps <= 0:
         return
     tok = char_tokenizer()
-    data = addition_dataset(64 * steps, seed=seed + 1000)
+    data = addition_dataset(64 * steps, digits=digits, seed=seed + 1000)
     texts = [p + a + tok.eos_token for p, a in zip(data["prompt"], data["answer"])]
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     tok.padding_side = "right"
@@ -344,7 +346,7 @@ def _rewards(cfg, device, runs, log) -> None:
         log(f"seed {seed + 1} of {cfg.seeds}: {cfg.sft_steps} supervised steps")
         warmed = build_policy(cfg.reward_preset, cfg.prompt_len + cfg.reward_completion_len + 8,
                               cfg.seed + seed).to(device)
-        supervised_warm_up(warmed.train(), cfg.sft_steps, cfg.seed + seed, device, cfg.sft_lr)
+        supervised_warm_up(warmed.train(), cfg.sft_steps, cfg.seed + seed, device, cfg.sft_lr, cfg.task_digits)
         for row in trained:
             s = row["strategy"]
             log(f"seed {seed + 1} of {cfg.seeds}: {s}, {cfg.reward_steps} GRPO steps")

@@ -188,7 +188,8 @@ def add_parsers(bench) -> None:
     gr.add_argument("--reward-completion-len", type=int, dest="reward_completion_len",
                     help="longest completion when trained (default 8)")
     gr.add_argument("--seeds", type=int)
-    gr.add_argument("--sft-steps", type=int, dest="sft_steps", help="supervised warm-up steps before GRPO (default 750)")
+    gr.add_argument("--task-digits", type=int, dest="task_digits", help="operand digits of the trained sums (default 1)")
+    gr.add_argument("--sft-steps", type=int, dest="sft_steps", help="supervised warm-up steps before GRPO (default 100)")
     gr.add_argument("--device")
     gr.add_argument("--json", metavar="PATH", help="also writes PATH with .png (the reward curves) when training")
     gr.set_defaults(func=_bench_grpo)
