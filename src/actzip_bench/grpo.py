@@ -384,7 +384,8 @@ def plot(record: dict, path) -> None:
     c = record["config"]
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("mean reward")
-    ax.set_title(f"{c['preset']} policy, addition task, {c['loss_type']}")
+    policy = c.get("reward_preset", c["preset"])
+    ax.set_title(f"{policy} policy, addition task ({c.get('task_digits', 2)}-digit operands), {c['loss_type']}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
