@@ -27,6 +27,7 @@ import torch.nn as nn
 from actzip.core.payload import Payload
 from actzip.core.registry import get
 from actzip.errors import ConfigError
+from actzip.wire.dp.hooks import DPMeter
 
 __all__ = ["OuterConfig", "OuterMeter", "OuterSync"]
 
@@ -56,17 +57,11 @@ class OuterConfig:
 
 
 @dataclass
-class OuterMeter:
-    """What one replica contributed to the outer syncs."""
+class OuterMeter(DPMeter):
+    """What one replica contributed to the outer syncs (``dense_bytes``: the pseudo-gradients raw, float32)."""
 
-    syncs: int = 0
-    payload_bytes: int = 0  # bytes of the pseudo-gradients this replica sent
-    dense_bytes: int = 0  # their bytes raw (float32)
+    syncs: int = 0  # outer steps run
     by_parameter: dict[str, int] = field(default_factory=dict)  # payload bytes per parameter name
-
-    @property
-    def ratio(self) -> float:
-        return self.dense_bytes / self.payload_bytes if self.payload_bytes else 0.0
 
 
 class OuterSync:
@@ -107,7 +102,7 @@ class OuterSync:
             if self.residuals is not None:
                 delta += self.residuals[i]
             mean, sent_bytes = self._mean(i, delta)
-            self.meter.payload_bytes += sent_bytes
+            self.meter.add("all_reduce" if self.codecs[i] is None else "all_gather", sent_bytes)
             self.meter.dense_bytes += delta.numel() * 4
             self.meter.by_parameter[name] = self.meter.by_parameter.get(name, 0) + sent_bytes
             m = self.momenta[i]
