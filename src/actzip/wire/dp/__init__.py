@@ -2,9 +2,10 @@
 (DiLoCo-style, a compressed pseudo-gradient), or an optimizer that shares only its momentum's fast DCT
 components (DeMo-style); every byte metered."""
 
+from actzip.wire.dp.cofactors import sync_factored_grads
 from actzip.wire.dp.demo import DeMo, dct_matrix
 from actzip.wire.dp.hooks import DP_METHODS, DPConfig, DPMeter, attach
 from actzip.wire.dp.outer import OuterConfig, OuterMeter, OuterSync
 
 __all__ = ["DP_METHODS", "DPConfig", "DPMeter", "DeMo", "OuterConfig", "OuterMeter", "OuterSync", "attach",
-           "dct_matrix"]
+           "dct_matrix", "sync_factored_grads"]
