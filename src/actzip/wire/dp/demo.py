@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from actzip.errors import ConfigError
+from actzip.wire.dp.agree import check_same_config
 from actzip.wire.dp.hooks import DPMeter
 
 __all__ = ["DeMo", "dct_matrix"]
@@ -54,6 +55,9 @@ class DeMo(torch.optim.Optimizer):
                                       weight_decay=weight_decay))
         self.group = process_group if process_group is not None else dist.group.WORLD
         self.world = dist.get_world_size(self.group)
+        check_same_config("DeMo", {"options": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups],
+                                   "parameters": [[list(p.shape) for p in g["params"]] for g in self.param_groups]},
+                          self.group)
         self.meter = DPMeter()
         self._dct: dict[tuple, torch.Tensor] = {}
 

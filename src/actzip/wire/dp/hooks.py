@@ -23,6 +23,7 @@ bytes; a ring all-reduce moves about twice its payload per replica, an all-gathe
 """
 
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from actzip.errors import ConfigError
+from actzip.wire.dp.agree import check_same_config
 
 __all__ = ["DP_METHODS", "DPConfig", "DPMeter", "attach"]
 
@@ -199,6 +201,8 @@ def attach(ddp_model, config: DPConfig, process_group=None) -> DPMeter:
         raise ConfigError(f"attach: takes a torch.nn.parallel.DistributedDataParallel model, got "
                           f"{type(ddp_model).__name__}")
     group = process_group if process_group is not None else dist.group.WORLD
+    shapes = [list(p.shape) for p in ddp_model.parameters() if p.requires_grad]
+    check_same_config("DP attach", {"config": dataclasses.asdict(config), "parameters": shapes}, group)
     meter = DPMeter()
     if config.method == "allreduce":
         ddp_model.register_comm_hook((group, meter), _allreduce_hook)

@@ -17,6 +17,7 @@ State: a float32 global copy, a momentum buffer and (with error feedback) a resi
 the parameters' float32 size.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ import torch.nn as nn
 from actzip.core.payload import Payload
 from actzip.core.registry import get
 from actzip.errors import ConfigError
+from actzip.wire.dp.agree import check_same_config
 from actzip.wire.dp.hooks import DPMeter
 
 __all__ = ["OuterConfig", "OuterMeter", "OuterSync"]
@@ -74,6 +76,8 @@ class OuterSync:
         if not self.params:
             raise ConfigError("OuterSync: the model has no trainable parameters")
         self.world = dist.get_world_size(self.group)
+        check_same_config("OuterSync", {"config": dataclasses.asdict(config),
+                                        "parameters": [[n, list(p.shape)] for n, p in self.params]}, self.group)
         with torch.no_grad():  # start from one point: replica 0's parameters
             for _, p in self.params:
                 dist.broadcast(p.data, src=dist.get_global_rank(self.group, 0), group=self.group)
