@@ -63,16 +63,24 @@ def test_compile_row_runs_the_compiled_policy_and_records_its_budget():
 
 
 def test_compile_within_keeps_the_largest_budget_under_the_limit(monkeypatch):
+    import torch._functorch.config as functorch_config
+
     from actzip_bench import grpo_compile
 
     peaks = iter([300, 200, 100])
     monkeypatch.setattr(grpo_compile, "_peak_of", lambda step, m, device: next(peaks))
     monkeypatch.setattr(torch, "compile", lambda f: f)
     model = torch.nn.Linear(2, 2)
-    kept = grpo_compile.compile_within(model, lambda m: m(torch.ones(1, 2)).sum().backward(), 250,
-                                       torch.device("cpu"), budgets=(0.5, 0.2, 0.0))
+    old = functorch_config.activation_memory_budget
+    try:  # compile_within leaves the chosen budget set, for its caller to restore: here, this test
+        kept = grpo_compile.compile_within(model, lambda m: m(torch.ones(1, 2)).sum().backward(), 250,
+                                           torch.device("cpu"), budgets=(0.5, 0.2, 0.0))
+        budget_after = functorch_config.activation_memory_budget
+    finally:
+        functorch_config.activation_memory_budget = old
     assert kept.budget == 0.2 and [t["budget"] for t in kept.tried] == [0.5, 0.2]
     assert kept.model.weight is model.weight  # a weight-sharing copy
+    assert budget_after == 0.2  # still set, for recompilations
 
 
 def test_throughput_policy_has_a_language_models_vocabulary_and_the_trained_one_the_tasks():
