@@ -151,7 +151,8 @@ def _bench_grpo(args: argparse.Namespace) -> int:
         console.print(plan)
     for r in record["runs"]:
         if r.get("compile_budgets"):
-            tried = ", ".join(f"{c['budget']}: " + ("n/a" if c["peak_bytes"] is None else f"{c['peak_bytes'] / 2**20:,.0f} MiB")
+            tried = ", ".join(f"{c['budget']}: " + ("n/a" if c["peak_bytes"] is None
+                                                    else f"{c['peak_bytes'] / 2**20:,.0f} MiB")
                               for c in r["compile_budgets"])
             console.print(f"compile: activation_memory_budget {r['compile_budget']} kept (peaks tried: {tried})")
     pt = record["planner_timing"]

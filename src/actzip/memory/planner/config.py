@@ -143,7 +143,8 @@ def _make_plan(model: nn.Module, config: PlannerConfig, planned: PlannedUnits, s
     measured = profile(model, planned, config.probe, options, config.repeats)
     if any(measured.noise_floor):
         report.notes.append(f"planner: two plain steps' gradients differ by up to {max(measured.noise_floor):.2e} "
-                            f"(relative; non-deterministic kernels): lossless options were held to {NOISE_MARGIN:g} times that")
+                            f"(relative; non-deterministic kernels): lossless options were held to {NOISE_MARGIN:g} "
+                            "times that")
     if measured.inexact:
         report.notes.append(f"planner: lossless options changed gradients at {measured.inexact} (left out)")
     costs = [_without(c, {x.split(":")[1] for x in measured.inexact if x.startswith(c.name + ":")})

@@ -4,9 +4,9 @@ Each option runs on all units at once (``repeats`` timed steps after one warm-up
 own block kept; the time an option adds is the step's time over ``keep``'s, shared evenly by the units (they
 are the same block); its risk is the relative error of the unit's own parameter gradients against ``keep``'s
 (0 for the lossless options, which are checked: bit-identical where two plain steps are, else within ten
-times the difference between two plain steps, which non-deterministic GPU kernels make nonzero). What the step holds besides the units
-(parameters' gradients, the loss head's tensors) is each option's peak less what it predicts the units hold;
-the least of these estimates is taken.
+times the difference between two plain steps, which non-deterministic GPU kernels make nonzero). What the
+step holds besides the units (parameters' gradients, the loss head's tensors) is each option's peak less what
+it predicts the units hold; the least of these estimates is taken.
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ class DeMo(torch.optim.Optimizer):
                                       weight_decay=weight_decay))
         self.group = process_group if process_group is not None else dist.group.WORLD
         self.world = dist.get_world_size(self.group)
-        check_same_config("DeMo", {"options": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups],
+        options = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        check_same_config("DeMo", {"options": options,
                                    "parameters": [[list(p.shape) for p in g["params"]] for g in self.param_groups]},
                           self.group)
         self.meter = DPMeter()

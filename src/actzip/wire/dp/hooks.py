@@ -127,7 +127,8 @@ def _powersgd_hook(state: tuple, bucket) -> torch.futures.Future[torch.Tensor]:
         meter.fallback_buckets += 1
         if meter.fallback_buckets == 1:
             warnings.warn(f"actzip DP powersgd: {why}; such buckets are all-reduced plain (counted in "
-                          "DPMeter.fallback_buckets); larger DDP buckets (bucket_cap_mb) or NCCL avoid it", stacklevel=2)
+                          "DPMeter.fallback_buckets); larger DDP buckets (bucket_cap_mb) or NCCL avoid it",
+                          stacklevel=2)
         ps.maybe_increase_iter(bucket)
         meter.add("all_reduce", buf.numel() * buf.element_size())
         return _mean_allreduce(dist.group.WORLD if ps.process_group is None else ps.process_group, buf)
