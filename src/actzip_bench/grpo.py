@@ -149,7 +149,8 @@ def _trainer(strategy: str, model, cfg: GRPOBenchConfig, device: torch.device, b
 
     args = trl.GRPOConfig(
         output_dir="/tmp/actzip-bench-grpo", max_steps=steps, per_device_train_batch_size=cfg.group_size,
-        num_generations=cfg.group_size, max_completion_length=completion_len or cfg.completion_len, report_to=[], save_strategy="no",
+        num_generations=cfg.group_size, max_completion_length=completion_len or cfg.completion_len, report_to=[],
+        save_strategy="no",
         loss_type=cfg.loss_type, use_cpu=device.type == "cpu", gradient_checkpointing=strategy == "checkpoint",
         bf16=cfg.dtype == "bfloat16", logging_steps=1, seed=seed, disable_tqdm=True, learning_rate=cfg.grpo_lr)
     kw = {}

@@ -39,7 +39,8 @@ def grpo_section(path: Path, root: Path) -> str:
                      f"{r['time_vs_none'] - 1:+.1%} | {peak} | {reward} |")
     for r in rec["runs"]:
         if r.get("compile_budgets"):
-            tried = ", ".join(f"{t['budget']}: " + ("n/a" if t["peak_bytes"] is None else f"{t['peak_bytes'] / 2**20:,.0f} MiB")
+            tried = ", ".join(f"{t['budget']}: " + ("n/a" if t["peak_bytes"] is None
+                                                    else f"{t['peak_bytes'] / 2**20:,.0f} MiB")
                               for t in r["compile_budgets"])
             lines.append(f"\n`compile` ran at activation_memory_budget {r['compile_budget']} (peaks tried: {tried}).")
         if r.get("reward_skipped"):
