@@ -1,0 +1,114 @@
+"""Spectral correction: denoise the fast circuit's masked gradients with the subspace of the anchor gradients.
+
+The fast circuit trains on gradients through masked (sparsified) activations: unbiased but noisy. Every so
+often an anchor circuit runs an unmasked forward and backward off the critical path, and its gradients arrive
+late. They are few and stale, but they show where the true gradient of each weight matrix lives: its top
+singular directions. :class:`SpectralCorrection` keeps, per weight matrix, an exponential average ``A`` of the
+anchor gradients it has been given (:meth:`~SpectralCorrection.observe_anchor`) and the top-``rank`` left and
+right singular vectors ``U``, ``V`` of ``A``; before each step of the wrapped optimizer it corrects every
+matrix's gradient ``g``:
+
+- ``mode="off"``: ``g`` as it is (the ablation's baseline);
+- ``mode="projection"``: ``P(g) = U Uᵀ g V Vᵀ``, the part of ``g`` in the anchors' subspace;
+- ``mode="shrinkage"``: ``P(g) + shrink * (g - P(g))``: the part outside is kept, scaled down.
+
+Vectors (biases, norms) and matrices without an anchor yet pass unchanged; a step with no anchor at all is
+counted (``uncorrected_steps``) and said once, and the fast circuit never waits for one. State per corrected
+``out x in`` matrix: ``A`` (``out * in`` float32) plus ``U`` and ``V`` (``rank * (out + in)`` float32).
+"""
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from actzip.errors import ConfigError
+
+__all__ = ["SPECTRAL_MODES", "SpectralConfig", "SpectralCorrection"]
+
+SPECTRAL_MODES = ("off", "projection", "shrinkage")
+
+
+@dataclass
+class SpectralConfig:
+    """How the masked gradients are corrected with the anchors' subspace."""
+
+    mode: str = "projection"  # one of SPECTRAL_MODES
+    rank: int = 4  # singular directions kept per weight matrix
+    shrink: float = 0.3  # shrinkage: the factor on the part of the gradient outside the subspace
+    decay: float = 0.9  # weight of the old average when an anchor gradient arrives (0: the latest alone)
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPECTRAL_MODES:
+            raise ConfigError(f"SpectralConfig.mode must be one of {list(SPECTRAL_MODES)}, got {self.mode!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ConfigError(f"SpectralConfig.rank must be an int >= 1, got {self.rank!r}")
+        for name in ("shrink", "decay"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                raise ConfigError(f"SpectralConfig.{name} must be in [0, 1], got {v!r}")
+
+
+class SpectralCorrection:
+    """Wraps ``optimizer``: :meth:`step` corrects the gradients of its 2-D parameters, then steps it."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, config: SpectralConfig) -> None:
+        self.optimizer, self.config = optimizer, config
+        self.matrices = [p for g in optimizer.param_groups for p in g["params"] if p.dim() == 2]
+        self.average: dict[int, torch.Tensor] = {}  # id(param) -> A
+        self.basis: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(param) -> (U, V)
+        self.anchors = 0  # anchor gradients observed
+        self.uncorrected_steps = 0  # steps taken before any anchor arrived (mode != "off")
+
+    def state_bytes(self) -> int:
+        """Bytes of the correction's own state (averages and bases)."""
+        return sum(t.numel() * t.element_size() for t in self.average.values()) + sum(
+            u.numel() * u.element_size() + v.numel() * v.element_size() for u, v in self.basis.values())
+
+    @torch.no_grad()
+    def observe_anchor(self, grads: dict[torch.nn.Parameter, torch.Tensor] | None = None) -> None:
+        """Take one anchor gradient per matrix (``grads``, default: each parameter's current ``.grad``), however
+        late it is, into the averages, and recompute their top-``rank`` singular vectors."""
+        self.anchors += 1
+        d = self.config.decay
+        for p in self.matrices:
+            g = grads.get(p) if grads is not None else p.grad
+            if g is None:
+                continue
+            if g.shape != p.shape:
+                raise ConfigError(f"SpectralCorrection: an anchor gradient of shape {tuple(g.shape)} for a "
+                                  f"parameter of shape {tuple(p.shape)}")
+            g = g.detach().float()
+            a = self.average.get(id(p))
+            self.average[id(p)] = g.clone() if a is None else a.mul_(d).add_(g, alpha=1 - d)
+            r = min(self.config.rank, *p.shape)
+            u, _, vh = torch.linalg.svd(self.average[id(p)], full_matrices=False)
+            self.basis[id(p)] = (u[:, :r].contiguous(), vh[:r].T.contiguous())
+
+    @torch.no_grad()
+    def correct(self) -> None:
+        """Correct the 2-D parameters' ``.grad`` in place (what :meth:`step` does before stepping)."""
+        cfg = self.config
+        if cfg.mode == "off":
+            return
+        if not self.basis:
+            self.uncorrected_steps += 1
+            if self.uncorrected_steps == 1:
+                warnings.warn("actzip SpectralCorrection: no anchor gradient yet; the fast circuit steps "
+                              "uncorrected until one arrives (counted in uncorrected_steps)", stacklevel=3)
+            return
+        for p in self.matrices:
+            if p.grad is None or id(p) not in self.basis:
+                continue
+            u, v = self.basis[id(p)]
+            g = p.grad.float()
+            inside = u @ ((u.T @ g) @ v) @ v.T
+            out = inside if cfg.mode == "projection" else inside + cfg.shrink * (g - inside)
+            p.grad.copy_(out.to(p.grad.dtype))
+
+    def step(self, closure=None):
+        self.correct()
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
