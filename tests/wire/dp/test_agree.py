@@ -4,29 +4,31 @@ import torch.nn as nn
 from gloo_ranks import run_ranks
 
 
-def _configure(rank, world, what):
+def _configure(rank, world):
+    """Each case in turn on the same ranks: a refusal leaves the group usable for the next one."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from actzip.errors import ConfigError
     from actzip.wire.dp import DeMo, DPConfig, OuterConfig, OuterSync, attach
 
-    model = nn.Linear(4, 3)
-    try:
-        if what == "attach":
-            attach(DDP(model), DPConfig(method="topk" if rank else "allreduce"))
-        elif what == "outer":
-            OuterSync(model, OuterConfig(local_steps=2 + rank))
-        elif what == "demo":
-            DeMo(model.parameters(), chunk=8, topk=1 + rank)
-        else:  # the same configuration everywhere: accepted
-            attach(DDP(model), DPConfig(method="topk"))
-    except ConfigError as e:
-        return str(e)
-    return "accepted"
+    cases = {"attach": lambda m: attach(DDP(m), DPConfig(method="topk" if rank else "allreduce")),
+             "outer": lambda m: OuterSync(m, OuterConfig(local_steps=2 + rank)),
+             "demo": lambda m: DeMo(m.parameters(), chunk=8, topk=1 + rank),
+             "same": lambda m: attach(DDP(m), DPConfig(method="topk"))}  # the same everywhere: accepted
+    said = {}
+    for what, make in cases.items():
+        try:
+            make(nn.Linear(4, 3))
+            said[what] = "accepted"
+        except ConfigError as e:
+            said[what] = str(e)
+    return said
 
 
 def test_mismatched_configurations_are_refused_on_every_replica():
-    for what, who in (("attach", "DP attach"), ("outer", "OuterSync"), ("demo", "DeMo")):
-        reports = run_ranks(_configure, 2, what)
-        assert all(r[0] == "ok" and who in r[1] and "differ" in r[1] for r in reports), (what, reports)
-    assert [r[1] for r in run_ranks(_configure, 2, "same")] == ["accepted", "accepted"]
+    reports = run_ranks(_configure, 2)
+    assert all(r[0] == "ok" for r in reports), reports
+    for said in (r[1] for r in reports):
+        for what, who in (("attach", "DP attach"), ("outer", "OuterSync"), ("demo", "DeMo")):
+            assert who in said[what] and "differ" in said[what], (what, said)
+        assert said["same"] == "accepted"
