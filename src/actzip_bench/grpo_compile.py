@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BUDGETS", "CompiledPolicy", "compile_within"]
+__all__ = ["BUDGETS", "CompiledPolicy", "compile_within", "describe_tried"]
 
 BUDGETS = (0.5, 0.2, 0.05)  # fractions tried, largest first
 
@@ -65,3 +65,11 @@ def compile_within(model, step, limit_bytes: int | None, device: torch.device,
         if limit_bytes is None or peak is None or peak <= limit_bytes:
             break
     return kept
+
+
+def describe_tried(tried: list[dict]) -> str:
+    """``"0.5: 5,467 MiB, 0.2: 1,811 MiB"``: each budget tried with its peak (``n/a`` where none was read)."""
+    def peak(t: dict) -> str:
+        return "n/a" if t["peak_bytes"] is None else f"{t['peak_bytes'] / 2**20:,.0f} MiB"
+
+    return ", ".join(f"{t['budget']}: {peak(t)}" for t in tried)

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from actzip_bench.grpo_compile import describe_tried
 from actzip_bench.report_provenance import provenance
 
 __all__ = ["grpo_section"]
@@ -39,10 +40,8 @@ def grpo_section(path: Path, root: Path) -> str:
                      f"{r['time_vs_none'] - 1:+.1%} | {peak} | {reward} |")
     for r in rec["runs"]:
         if r.get("compile_budgets"):
-            tried = ", ".join(f"{t['budget']}: " + ("n/a" if t["peak_bytes"] is None
-                                                    else f"{t['peak_bytes'] / 2**20:,.0f} MiB")
-                              for t in r["compile_budgets"])
-            lines.append(f"\n`compile` ran at activation_memory_budget {r['compile_budget']} (peaks tried: {tried}).")
+            lines.append(f"\n`compile` ran at activation_memory_budget {r['compile_budget']} (peaks tried: "
+                         f"{describe_tried(r['compile_budgets'])}).")
         if r.get("reward_skipped"):
             lines.append(f"\n`{r['strategy']}` reward {r['reward_skipped']}.")
     for s, why in rec.get("skipped", {}).items():

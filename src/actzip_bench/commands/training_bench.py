@@ -123,6 +123,7 @@ def _bench_grpo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from actzip_bench.grpo import GRPOBenchConfig, plot, run_grpo
+    from actzip_bench.grpo_compile import describe_tried
 
     cfg = config_from_args(GRPOBenchConfig, args)
     if args.quick:
@@ -151,10 +152,8 @@ def _bench_grpo(args: argparse.Namespace) -> int:
         console.print(plan)
     for r in record["runs"]:
         if r.get("compile_budgets"):
-            tried = ", ".join(f"{c['budget']}: " + ("n/a" if c["peak_bytes"] is None
-                                                    else f"{c['peak_bytes'] / 2**20:,.0f} MiB")
-                              for c in r["compile_budgets"])
-            console.print(f"compile: activation_memory_budget {r['compile_budget']} kept (peaks tried: {tried})")
+            console.print(f"compile: activation_memory_budget {r['compile_budget']} kept (peaks tried: "
+                          f"{describe_tried(r['compile_budgets'])})")
     pt = record["planner_timing"]
     console.print(f"planner: a fresh plan for {pt['units']} units in {pt['solve_s']:.2f} s; a cached lookup "
                   f"{pt['lookup_ms']:.4f} ms")
