@@ -161,3 +161,22 @@ def test_unavailable_reason_is_a_sentence_or_none():
     if netns_unavailable_reason(True) is not None:
         with pytest.raises(WireError, match="cannot run here"):
             NetnsLink(LinkSpec(80.0, 50.0))
+
+
+def test_dp_sync_seconds_counts_ring_and_gather_traffic():
+    from actzip.wire import dp_sync_seconds
+
+    link = LinkSpec(bandwidth_mbps=8.0, latency_ms=10.0)  # 1 MB/s
+    assert dp_sync_seconds({"all_reduce": 1_000_000}, 1, link) == 0.0
+    # ring all-reduce of 1 MB over 2 replicas: 1 MB on the wire, two hops
+    assert dp_sync_seconds({"all_reduce": 1_000_000}, 2, link) == pytest.approx(1.0 + 0.02)
+    assert dp_sync_seconds({"all_gather": 500_000}, 3, link) == pytest.approx(1.0 + 0.02)
+
+
+def test_simulate_adds_the_sync_time_before_each_update():
+    acts = [Action(0, 0, "F", 0, 0.1, None, (0, "fwd", 0, 0), 100), Action(1, 0, "F", 0, 0.1, (0, "fwd", 0, 0)),
+            Action(1, 0, "B", 0, 0.1, None, (0, "bwd", 0, 0), 100), Action(1, 0, "O", -1, 0.0),
+            Action(0, 0, "B", 0, 0.1, (0, "bwd", 0, 0)), Action(0, 0, "O", -1, 0.0)]
+    plain = simulate(acts, LinkSpec())
+    synced = simulate(acts, LinkSpec(), sync_s={(0, 0): 0.5})
+    assert synced.total_s == pytest.approx(plain.total_s + 0.5)

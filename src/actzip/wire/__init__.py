@@ -59,6 +59,7 @@ from actzip.wire.link import (
     LinkSpec,
     NetnsLink,
     Timeline,
+    dp_sync_seconds,
     netns_unavailable_reason,
     simulate,
 )
@@ -98,7 +99,7 @@ __all__ = [
     "LoopbackHub", "Message", "NetnsLink", "Pipeline", "PipelineConfig", "SimulatedPipeline", "Stage",
     "StageWorker", "StiefelConfig", "SubspaceConfig", "Timeline", "Transport", "WireCodec",
     "WireConfigMismatchError", "WireDesyncError", "WireError", "WireMeter", "WirePeerError", "WireTimeoutError",
-    "boundary_config", "code_width", "codebook_desyncs", "confine_to_subspace", "exchange_backward",
+    "boundary_config", "code_width", "codebook_desyncs", "confine_to_subspace", "dp_sync_seconds", "exchange_backward",
     "make_boundary", "message_nbytes", "netns_unavailable_reason", "parse_boundary", "parse_codec",
     "pipelining_stage", "run_chain", "run_stage", "schedule_actions", "simulate",
 ]

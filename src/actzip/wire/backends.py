@@ -32,7 +32,7 @@ def _map_dist_error(e: Exception, rank: int, peer: int, what: str, timeout_s: fl
 class DistBackend:
     """Moves uint8 tensors with ``torch.distributed`` point-to-point ops (an initialized process group)."""
 
-    def __init__(self, group=None, device: torch.device | str | None = None) -> None:
+    def __init__(self, group=None, device: torch.device | str | None = None, down_group=None) -> None:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -52,8 +52,10 @@ class DistBackend:
         # a backward) would wait on each other for ever. Traffic towards lower ranks gets a communicator of its
         # own, so each communicator carries one direction per pair. (Gloo buffers sends, but takes the same
         # path, so the CPU tests cover it.)
-        self._down = dist.new_group(dist.get_process_group_ranks(group) if group is not None else None,
-                                    backend=backend)
+        # ``down_group``: that communicator made already (every rank of the world must create each group, in
+        # one order: a mesh of several pipelines makes them all up front)
+        self._down = down_group if down_group is not None else dist.new_group(
+            dist.get_process_group_ranks(group) if group is not None else None, backend=backend)
         self._connect_neighbours()
 
     def _connect_neighbours(self) -> None:

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from actzip.errors import ConfigError
 from actzip.wire.transport import WireError
 
-__all__ = ["Action", "LinkModel", "LinkSpec", "NetnsLink", "Timeline", "netns_unavailable_reason", "simulate"]
+__all__ = ["Action", "LinkModel", "LinkSpec", "NetnsLink", "Timeline", "dp_sync_seconds", "netns_unavailable_reason",
+           "simulate"]
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,27 @@ class Timeline:
         return statistics.median(t[1:] if len(t) > 2 else t) if t else 0.0
 
 
-def simulate(actions: list[Action], link: LinkSpec) -> Timeline:
-    """Replay ``actions`` (each stage's in the order it ran them) over ``link`` at every boundary, each way."""
+def dp_sync_seconds(payload: dict[str, int], replicas: int, link: LinkSpec) -> float:
+    """Wire time of one data-parallel sync over ``replicas`` joined by ``link``: ``payload`` is one replica's
+    bytes per collective (a :class:`~actzip.wire.dp.DPMeter`'s ``by_collective``). A ring all-reduce sends
+    ``2 (R - 1) / R`` times its payload in ``2 (R - 1)`` hops, an all-gather ``R - 1`` times it in ``R - 1``."""
+    if replicas < 2:
+        return 0.0
+    r, lat, total = replicas, link.latency_ms / 1e3, 0.0
+    for collective, nbytes in payload.items():
+        if not nbytes:
+            continue
+        if collective == "all_reduce":
+            total += link.seconds(2 * (r - 1) * nbytes / r) + 2 * (r - 1) * lat
+        else:  # all_gather and broadcasts: each replica's part travels to every other
+            total += link.seconds((r - 1) * nbytes) + (r - 1) * lat
+    return total
+
+
+def simulate(actions: list[Action], link: LinkSpec, sync_s: dict[tuple[int, int], float] | None = None) -> Timeline:
+    """Replay ``actions`` (each stage's in the order it ran them) over ``link`` at every boundary, each way;
+    ``sync_s[(stage, step)]`` is wire time a stage spends before its optimizer update of ``step`` (its
+    data-parallel sync, see :func:`dp_sync_seconds`)."""
     stages = sorted({a.stage for a in actions})
     queues = {s: deque(a for a in actions if a.stage == s) for s in stages}
     clock = {s: 0.0 for s in stages}
@@ -149,7 +169,7 @@ def simulate(actions: list[Action], link: LinkSpec) -> Timeline:
             while q and (q[0].recv is None or q[0].recv in arrivals):
                 a = q.popleft()
                 start = max(clock[s], arrivals.pop(a.recv) if a.recv is not None else 0.0)
-                clock[s] = start + a.compute_s
+                clock[s] = start + a.compute_s + (sync_s.get((s, a.step), 0.0) if sync_s and a.kind == "O" else 0.0)
                 busy[s] += a.compute_s
                 if a.send is not None:
                     key = (a.send[0], a.send[1])

@@ -4,8 +4,9 @@ components (DeMo-style); every byte metered."""
 
 from actzip.wire.dp.cofactors import sync_factored_grads
 from actzip.wire.dp.demo import DeMo, dct_matrix
+from actzip.wire.dp.grad_sync import FlatBucket, GradSync
 from actzip.wire.dp.hooks import DP_METHODS, DPConfig, DPMeter, attach
 from actzip.wire.dp.outer import OuterConfig, OuterMeter, OuterSync
 
-__all__ = ["DP_METHODS", "DPConfig", "DPMeter", "DeMo", "OuterConfig", "OuterMeter", "OuterSync", "attach",
+__all__ = ["DP_METHODS", "DPConfig", "DPMeter", "DeMo", "FlatBucket", "GradSync", "OuterConfig", "OuterMeter", "OuterSync", "attach",
            "dct_matrix", "sync_factored_grads"]

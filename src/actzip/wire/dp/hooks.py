@@ -33,7 +33,7 @@ import torch.distributed as dist
 from actzip.errors import ConfigError
 from actzip.wire.dp.agree import check_same_config
 
-__all__ = ["DP_METHODS", "DPConfig", "DPMeter", "attach"]
+__all__ = ["DP_METHODS", "DPConfig", "DPMeter", "attach", "make_hook"]
 
 DP_METHODS = ("allreduce", "bf16", "powersgd", "topk")
 
@@ -205,11 +205,21 @@ def attach(ddp_model, config: DPConfig, process_group=None) -> DPMeter:
     shapes = [list(p.shape) for p in ddp_model.parameters() if p.requires_grad]
     check_same_config("DP attach", {"config": dataclasses.asdict(config), "parameters": shapes}, group)
     meter = DPMeter()
+    if config.method == "powersgd" and dist.get_backend(group) == "gloo":
+        _check_one_bucket(ddp_model)
+    state, hook = make_hook(config, group, meter)
+    ddp_model.register_comm_hook(state, hook)
+    return meter
+
+
+def make_hook(config: DPConfig, group, meter: DPMeter) -> tuple:
+    """``(state, hook)`` for ``config`` over ``group``, metered into ``meter``: what :func:`attach` registers on a
+    DDP model, and what :class:`~actzip.wire.dp.grad_sync.GradSync` calls on one flat bucket of a bare module."""
     if config.method == "allreduce":
-        ddp_model.register_comm_hook((group, meter), _allreduce_hook)
-    elif config.method == "bf16":
-        ddp_model.register_comm_hook((group, meter), _bf16_hook)
-    elif config.method == "powersgd":
+        return (group, meter), _allreduce_hook
+    if config.method == "bf16":
+        return (group, meter), _bf16_hook
+    if config.method == "powersgd":
         if config.start_iter < 2:  # torch's PowerSGD needs plain steps before its error feedback and warm start
             raise ConfigError(f"DPConfig.start_iter must be >= 2 for powersgd, got {config.start_iter}")
         from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
@@ -217,10 +227,5 @@ def attach(ddp_model, config: DPConfig, process_group=None) -> DPMeter:
         ps = PowerSGDState(process_group=group, matrix_approximation_rank=config.rank,
                            start_powerSGD_iter=config.start_iter, min_compression_rate=config.min_compression_rate,
                            random_seed=config.seed)
-        gloo = dist.get_backend(group) == "gloo"
-        if gloo:
-            _check_one_bucket(ddp_model)
-        ddp_model.register_comm_hook((ps, meter, gloo), _powersgd_hook)
-    else:
-        ddp_model.register_comm_hook(_TopKState(config.keep, group, meter), _topk_hook)
-    return meter
+        return (ps, meter, dist.get_backend(group) == "gloo"), _powersgd_hook
+    return _TopKState(config.keep, group, meter), _topk_hook

@@ -73,10 +73,13 @@ class Pipeline:
     """
 
     def __init__(self, stages, config: PipelineConfig, device: torch.device | str | None = None,
-                 loss_fn: Callable | None = None, *, distributed: bool = False, group=None) -> None:
+                 loss_fn: Callable | None = None, *, distributed: bool = False, group=None, down_group=None,
+                 before_update: Callable | None = None) -> None:
         if not isinstance(config, PipelineConfig):
             raise ConfigError(f"Pipeline: config must be a PipelineConfig, got {type(config).__name__}")
         self.cfg, self.distributed, self.group, self.step = config, distributed, group, 0
+        self.down_group = down_group  # distributed: the group of traffic towards lower ranks, if made already
+        self.before_update = before_update  # called with each StageWorker after the backwards, before its update
         if distributed:
             self._init_rank(stages, device, loss_fn)
             return
@@ -96,7 +99,7 @@ class Pipeline:
             w.check_hellos()
 
     def _init_rank(self, stages, device, loss_fn) -> None:
-        backend = DistBackend(self.group)
+        backend = DistBackend(self.group, down_group=self.down_group)
         self.rank, self.n_stages = dist.get_rank(self.group), dist.get_world_size(self.group)
         if isinstance(stages, (list, tuple)):
             if len(stages) != self.n_stages:
@@ -181,9 +184,25 @@ class Pipeline:
                 w.begin_step(self.step, x, y, ids)
             self._drive(self._plans())
             for w in self.workers:
+                if self.before_update is not None:
+                    self.before_update(w)
                 w.optimizer_step()
         self.step += 1
         return self.losses[-1] if self.workers[-1].last else None
+
+    def compute_grads(self, x: torch.Tensor | None, y: torch.Tensor | None) -> float | None:
+        """The forwards and backwards of a step, leaving the gradients in each stage's parameters (no update, no
+        sample cache, nothing recorded); returns the loss on the last stage (``None`` elsewhere)."""
+        kept = [len(w.actions) for w in self.workers]
+        with self._reporting():
+            for w in self.workers:
+                w.begin_step(-1, x, y, None)
+            self._drive(self._plans())
+        last = self.workers[-1]
+        loss = last.step_loss() if last.last else None
+        for w, k in zip(self.workers, kept):
+            w.forget(k)
+        return loss
 
     @torch.no_grad()
     def eval_loss(self, x: torch.Tensor, y: torch.Tensor):

@@ -1,0 +1,63 @@
+"""``actzip bench decentralized``: two-circuit training (masked pipeline + compressed data parallel + anchors)
+against the trivial wire baselines, on S stages x R replicas under torchrun."""
+
+from __future__ import annotations
+
+import argparse
+
+from actzip_bench.commands.common import command_line, config_from_args, write_json
+
+
+def _bench_decentralized(args: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from actzip_bench.decentralized import run_decentralized
+    from actzip_bench.decentralized_config import DecentralizedBenchConfig
+    from actzip_bench.decentralized_render import plot, table
+
+    cfg = config_from_args(DecentralizedBenchConfig, args)
+    if args.quick:  # the quick settings, except where an option was given
+        given = {k: getattr(cfg, k) for k in DecentralizedBenchConfig.__dataclass_fields__
+                 if getattr(args, k, None) is not None}
+        cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), **given)
+    console = Console(width=max(Console().width, 160))
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("training", total=len(cfg.seeds) * len(cfg.tasks) * len(cfg.methods))
+        record = run_decentralized(cfg, progress=lambda done: bar.update(task, advance=1, description=done),
+                                   log=bar.console.log)
+    record["command"] = command_line(args)
+    for t in cfg.tasks:
+        console.print(table(record, t))
+    write_json(record, args.json, console)
+    if args.json:
+        png = Path(args.json).with_suffix(".png")
+        plot(record, png)
+        console.print(f"wrote {png}")
+    return 0
+
+
+def add_parsers(bench) -> None:
+    """Add ``decentralized`` to ``actzip bench``."""
+    db = bench.add_parser("decentralized", help="two-circuit training over slow links: masked pipeline + "
+                          "compressed data parallel + anchors, against bf16 / 8-bit / 4-bit / delta wires")
+    db.add_argument("--quick", action="store_true", help="a small run for a 2-core CPU (under 5 minutes)")
+    db.add_argument("--n-layer", type=int, dest="n_layer")
+    db.add_argument("--n-embd", type=int, dest="n_embd")
+    db.add_argument("--block-size", type=int, dest="block_size")
+    db.add_argument("--stages", type=int, help="pipeline stages (2-4, default 2)")
+    db.add_argument("--replicas", type=int, help="data-parallel replicas of each stage (default 2)")
+    db.add_argument("--batch-size", type=int, dest="batch_size", help="sequences per replica per step")
+    db.add_argument("--microbatches", type=int)
+    db.add_argument("--pretrain-steps", type=int, dest="pretrain_steps")
+    db.add_argument("--steps", type=int, help="steps of each task")
+    db.add_argument("--lr", type=float)
+    db.add_argument("--methods", help="comma-separated methods (default all: dense, bf16, int8, int4, delta, "
+                    "powersgd, mask, mask+topk, mask+diloco, two-circuit, two-circuit-projection)")
+    db.add_argument("--tasks", help="comma-separated tasks: domain, continual (default both)")
+    db.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
+    db.add_argument("--json", help="write the record here (and a plot next to it)")
+    db.set_defaults(func=_bench_decentralized)

@@ -1,0 +1,192 @@
+"""``actzip bench decentralized``: two-circuit training of S stages x R replicas (processes under torchrun,
+gloo) after a brief dense pretraining, every method on the same batches; speeds from the link model.
+
+Protocol: per seed, the reference GPT is pretrained dense in this process on ``code_early`` (standard-library
+code without its prose); then each task trains every method from those weights for ``steps`` steps, R replicas
+each on its own batches: ``domain`` on the prose (comments and docstrings, another domain), ``continual`` on
+``code_late`` (code of other modules). Each rank records its actions (measured compute), boundary bytes and
+per-step data-parallel payload; a step's time on a link is the recorded schedule replayed by
+:func:`actzip.wire.simulate` with every stage's data-parallel sync (:func:`actzip.wire.dp_sync_seconds`) before
+its update. Final loss: the replicas' mean training loss over the last ``smooth`` of the steps; time to target:
+the simulated time at which a method's smoothed loss first reaches dense's final loss (same seed and task).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+
+import torch
+
+from actzip.errors import ActzipError
+from actzip.wire import Action, LinkSpec, Pipeline, PipelineConfig, dp_sync_seconds, simulate
+from actzip_bench.data.domains import domain_corpora
+from actzip_bench.decentralized_config import TRIVIAL, DecentralizedBenchConfig
+from actzip_bench.models.gpt_stages import build_gpt_stages
+from actzip_bench.wire_config import Batches
+
+__all__ = ["pretrain", "run_decentralized", "summarize"]
+
+
+def pretrain(cfg: DecentralizedBenchConfig, seed: int, corpus) -> list[dict]:
+    """The stages' state dicts after ``pretrain_steps`` dense steps on ``corpus`` (all stages in this process)."""
+    stages = build_gpt_stages(cfg.gpt_config(), cfg.stages, "dense", seed=seed)
+    pipe = Pipeline(stages, PipelineConfig(microbatches=cfg.microbatches, lr=cfg.lr, seed=seed))
+    batches = Batches(corpus, cfg.batch_size * cfg.replicas, cfg.block_size, seed, None)
+    for step in range(cfg.pretrain_steps):
+        x, y, _ = batches(step)
+        pipe.train_step(x, y)
+    return [{k: v.detach().clone() for k, v in s.state_dict().items()} for s in stages]
+
+
+def _smoothed(losses: list[float], window: int) -> list[float]:
+    return [statistics.fmean(losses[max(0, i + 1 - window): i + 1]) for i in range(len(losses))]
+
+
+def _run_times(ranks: list[dict], cfg: DecentralizedBenchConfig, link: LinkSpec) -> list[float]:
+    """Per step: the simulated step time of replica 0's pipeline on ``link`` with its data-parallel syncs."""
+    mine = [r for r in ranks if r["replica"] == 0]
+    actions = [Action.from_tuple(a) for r in mine for a in r["actions"]]
+    sync = {(r["stage"], step): dp_sync_seconds(b, cfg.replicas, link) for r in mine
+            for step, b in enumerate(r["dp_bytes"])}
+    return simulate(actions, link, sync).step_times_s
+
+
+def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
+    """One row per (seed, task, method): bytes per axis and step, losses, throughput and time to dense's final
+    loss on every link."""
+    window = max(1, round(cfg.smooth * cfg.steps))
+    tokens_per_step = cfg.batch_size * cfg.block_size * cfg.replicas
+    rows, curves = [], {}
+    for run in runs:
+        ranks = run["ranks"]
+        last = [r for r in ranks if r["stage"] == cfg.stages - 1]
+        mean_loss = [statistics.fmean(v) for v in zip(*(r["losses"] for r in last))]
+        curves[(run["seed"], run["task"], run["method"])] = _smoothed(mean_loss, window)
+        sent = {c: sum(r["pp_meter"]["sent"][c]["total"] for r in ranks if r["replica"] == 0) for c in ("fwd", "bwd")}
+        pp = sent["fwd"] + sent["bwd"]
+        dp = sum(sum(b.values()) for r in ranks if r["replica"] == 0 for b in r["dp_bytes"])
+        anchors = [r["anchors"] for r in ranks if r["anchors"] is not None]
+        row = {"seed": run["seed"], "task": run["task"], "method": run["method"],
+               "pp_bytes_per_step": pp / cfg.steps, "dp_bytes_per_step": dp / cfg.steps,
+               "pp_fwd_bytes_per_step": sent["fwd"] / cfg.steps, "pp_bwd_bytes_per_step": sent["bwd"] / cfg.steps,
+               "final_loss": statistics.fmean(mean_loss[-window:]), "val_loss": last[0]["val_loss"],
+               "tokens": tokens_per_step * cfg.steps, "losses": mean_loss,
+               "anchors": {k: sum(a[k] for a in anchors) for k in anchors[0]} if anchors else None,
+               "wall_s": max(r["wall_s"] for r in ranks), "links": {}}
+        for bw, lat in cfg.links:
+            times = _run_times(ranks, cfg, LinkSpec(bandwidth_mbps=bw, latency_ms=lat))
+            row["links"][f"{bw:g}mbps-{lat:g}ms"] = {"step_s": statistics.median(times[1:] or times),
+                                                     "cumulative_s": list(_cumsum(times))}
+        rows.append(row)
+    for row in rows:
+        target = next(r["final_loss"] for r in rows if r["method"] == "dense" and r["seed"] == row["seed"]
+                      and r["task"] == row["task"])
+        curve = curves[(row["seed"], row["task"], row["method"])]
+        reach = next((i for i, v in enumerate(curve) if v <= target), None)
+        row["target_loss"] = target
+        row["target_step"] = reach
+        for name, link in row["links"].items():
+            link["time_to_target_s"] = None if reach is None else link["cumulative_s"][reach]
+        first = next(iter(row["links"].values()))
+        row["time_to_target_s"] = first["time_to_target_s"]  # on the first link
+    return rows
+
+
+def _cumsum(values):
+    total = 0.0
+    for v in values:
+        total += v
+        yield total
+
+
+def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
+    """Per (task, method): means and ranges over seeds, ratios against dense bf16 and the best trivial baseline."""
+    out = []
+    link_names = [f"{bw:g}mbps-{lat:g}ms" for bw, lat in cfg.links]
+    for task in cfg.tasks:
+        by = {m: [r for r in rows if r["task"] == task and r["method"] == m] for m in cfg.methods}
+        dense_loss = statistics.fmean(r["final_loss"] for r in by["dense"])
+        for m, rs in by.items():
+            if not rs:
+                continue
+            agg = {"task": task, "method": m, "seeds": len(rs),
+                   "final_loss": statistics.fmean(r["final_loss"] for r in rs),
+                   "final_loss_range": [min(r["final_loss"] for r in rs), max(r["final_loss"] for r in rs)],
+                   "loss_vs_dense": statistics.fmean(r["final_loss"] for r in rs) / dense_loss - 1,
+                   "pp_bytes_per_step": statistics.fmean(r["pp_bytes_per_step"] for r in rs),
+                   "dp_bytes_per_step": statistics.fmean(r["dp_bytes_per_step"] for r in rs),
+                   "reached": sum(r["target_step"] is not None for r in rs), "links": {}}
+            for name in link_names:
+                step = statistics.fmean(r["links"][name]["step_s"] for r in rs)
+                ttt = [r["links"][name]["time_to_target_s"] for r in rs]
+                agg["links"][name] = {"step_s": step, "time_to_target_s":
+                                      statistics.fmean(ttt) if all(t is not None for t in ttt) else None}
+            out.append(agg)
+        ref = {a["method"]: a for a in out if a["task"] == task}
+        for a in ref.values():
+            for name in link_names:
+                link = a["links"][name]
+                if "bf16" in ref:
+                    link["throughput_vs_bf16"] = ref["bf16"]["links"][name]["step_s"] / link["step_s"]
+                trivial = [ref[t]["links"][name]["time_to_target_s"] for t in TRIVIAL if t in ref]
+                trivial = [t for t in trivial if t is not None]
+                best = min(trivial) if trivial else None
+                mine = link["time_to_target_s"]
+                link["ttt_vs_best_trivial"] = None if best is None or mine is None else best / mine
+    return out
+
+
+def run_decentralized(cfg: DecentralizedBenchConfig, progress: Callable[[str], None] | None = None,
+                      log: Callable[[str], None] | None = None) -> dict:
+    """Pretrain, train every (seed, task, method) on the mesh, and return the record (rows and aggregates)."""
+    say = log or (lambda message: None)
+    corpora = domain_corpora(cfg.corpus_bytes)
+    world = cfg.stages * cfg.replicas
+    with tempfile.TemporaryDirectory(prefix="actzip-decentralized-") as tmp:
+        states = {}
+        for seed in cfg.seeds:
+            say(f"pretraining seed {seed}: {cfg.pretrain_steps} dense steps on code_early")
+            states[seed] = pretrain(cfg, seed, corpora["code_early"])
+        torch.save(states, os.path.join(tmp, "states.pt"))
+        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+        out = os.path.join(tmp, "runs.json")
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+                "-m", "actzip_bench.decentralized_worker", "--config", json.dumps(fields),
+                "--states", os.path.join(tmp, "states.pt"), "--out", out]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        say(f"training on {cfg.stages} stages x {cfg.replicas} replicas ({world} processes)")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for line in proc.stdout:
+            if line.startswith("done ") and progress is not None:
+                progress(line[5:].strip())
+        err = proc.stderr.read()
+        if proc.wait():
+            lines = [ln for ln in err.splitlines() if "actzip" in ln or "Error" in ln][-8:]
+            raise ActzipError("bench decentralized: the training processes failed:\n" + "\n".join(lines or
+                                                                                            err.splitlines()[-20:]))
+        with open(out) as f:
+            runs = json.load(f)
+    rows = summarize(cfg, runs)
+    return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
+            "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                        "torch": torch.__version__, "cpus": os.cpu_count(), "device": "cpu"},
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "code_version": os.environ.get("ACTZIP_CODE_VERSION") or _git_version()}
+
+
+def _git_version() -> str | None:
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
+                           cwd=os.path.dirname(__file__))
+        return r.stdout.strip() or None
+    except OSError:
+        return None

@@ -1,0 +1,111 @@
+"""What ``actzip bench decentralized`` runs: the methods (fixed), the model, the tasks and the links."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actzip.errors import ConfigError
+from actzip.wire.anchor import AnchorConfig, SpectralConfig
+from actzip.wire.dp import DPConfig, OuterConfig
+from actzip.wire.mesh import TwoCircuitConfig
+from actzip_bench.models.gpt import GPTConfig
+
+__all__ = ["MASK", "METHODS", "TASKS", "TRIVIAL", "DecentralizedBenchConfig", "method_codecs", "method_circuits"]
+
+MASK = "mask:keep=0.125,mode=random+quant:bits=8"  # the fast circuit's boundary mask, both ways
+# method -> (forward codec, backward codec, data-parallel sync, anchors + correction)
+METHODS = {
+    "dense": ("none", "none", "allreduce", None),  # float32 everywhere: the loss reference
+    "bf16": ("cast:dtype=bfloat16", "cast:dtype=bfloat16", "bf16", None),
+    "int8": ("quant:bits=8", "quant:bits=8", "bf16", None),
+    "int4": ("quant:bits=4", "quant:bits=4", "bf16", None),
+    "delta": ("delta:bits=4", "quant:bits=4", "bf16", None),  # AQ-SGD: 4-bit change against a per-sample cache
+    "powersgd": ("cast:dtype=bfloat16", "cast:dtype=bfloat16", "powersgd", None),
+    "mask": (MASK, MASK, "bf16", None),  # pipeline masking alone
+    "mask+topk": (MASK, MASK, "topk", None),  # the fast circuit: masking + top-k data-parallel sync
+    "mask+diloco": (MASK, MASK, "diloco", None),
+    "two-circuit": (MASK, MASK, "topk", "shrinkage"),  # + anchors and the spectral correction
+    "two-circuit-projection": (MASK, MASK, "topk", "projection"),
+}
+TRIVIAL = ("bf16", "int8", "int4", "delta")  # the baselines a user would otherwise pick
+TASKS = {"domain": "prose", "continual": "code_late"}  # task -> corpus trained on after pretraining on code_early
+
+
+@dataclass
+class DecentralizedBenchConfig:
+    """One run of the benchmark (see docs/wire.md)."""
+
+    model: str = "tiny"  # GPT size (GPTConfig.of_size)
+    n_layer: int = 2  # blocks
+    n_embd: int = 64  # width
+    block_size: int = 64  # sequence length
+    stages: int = 2  # pipeline stages (2-4)
+    replicas: int = 2  # data-parallel replicas of each stage
+    batch_size: int = 16  # sequences per replica per step
+    microbatches: int = 4  # per step
+    pretrain_steps: int = 300  # dense steps on code_early before the tasks
+    steps: int = 150  # steps of each task
+    lr: float = 1e-3  # AdamW learning rate of the tasks (pretraining: the same)
+    methods: tuple[str, ...] = tuple(METHODS)
+    tasks: tuple[str, ...] = tuple(TASKS)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    links: tuple[tuple[float, float], ...] = ((200.0, 50.0), (80.0, 50.0))  # (Mbps, one-way ms) of every link
+    topk_keep: float = 0.01  # top-k data-parallel sync: fraction sent
+    diloco_steps: int = 10  # DiLoCo outer step every this many steps (4-bit pseudo-gradient)
+    anchor_every: int = 8  # anchor launches every this many steps
+    anchor_delay: int = 2  # steps after launch at which an anchor is due
+    spectral_rank: int = 4  # anchor subspace rank per matrix
+    corpus_bytes: int = 1_000_000  # bytes of each domain's corpus
+    dataset_windows: int = 1024  # fixed windows per replica (the delta codec's per-sample cache needs repeats)
+    eval_batches: int = 4  # validation batches of batch_size after each task
+    smooth: float = 0.1  # final loss: mean training loss of the last smooth * steps steps
+    timeout_s: float = 120.0  # longest wait for a peer before every rank stops with an error
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ConfigError(f"bench decentralized: unknown methods {unknown}; known: {list(METHODS)}")
+        if "dense" not in self.methods:
+            raise ConfigError("bench decentralized: the methods must include dense (the loss reference)")
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad:
+            raise ConfigError(f"bench decentralized: unknown tasks {bad}; known: {list(TASKS)}")
+        if not 2 <= self.stages <= self.n_layer:
+            raise ConfigError(f"bench decentralized: stages must be in [2, n_layer={self.n_layer}], got {self.stages}")
+        if self.replicas < 1:
+            raise ConfigError(f"bench decentralized: replicas must be >= 1, got {self.replicas}")
+        if self.batch_size % self.microbatches:
+            raise ConfigError(f"bench decentralized: batch_size {self.batch_size} is not a multiple of microbatches "
+                              f"{self.microbatches}")
+
+    @classmethod
+    def quick(cls) -> DecentralizedBenchConfig:
+        """A run for a 2-core CPU in a few minutes: one seed, both tasks, every method, a 2-block model."""
+        return cls(block_size=32, batch_size=8, microbatches=2, pretrain_steps=60, steps=40,
+                   seeds=(0,), corpus_bytes=300_000, dataset_windows=256, eval_batches=2, lr=2e-3)
+
+    def gpt_config(self) -> GPTConfig:
+        return GPTConfig.of_size(self.model, n_layer=self.n_layer, n_embd=self.n_embd, block_size=self.block_size,
+                                 n_head=max(1, self.n_embd // 32))
+
+
+def method_codecs(method: str) -> tuple[str, str]:
+    """The forward and backward codec specs of ``method``'s pipeline boundaries."""
+    fwd, bwd, _, _ = METHODS[method]
+    return fwd, bwd
+
+
+def method_circuits(method: str, cfg: DecentralizedBenchConfig) -> TwoCircuitConfig:
+    """``method``'s data-parallel sync and anchor circuit."""
+    _, _, dp, spectral = METHODS[method]
+    if dp == "diloco":
+        sync = OuterConfig(local_steps=cfg.diloco_steps, codec="quant:bits=4")
+    elif dp == "topk":
+        sync = DPConfig(method="topk", keep=cfg.topk_keep)
+    elif dp == "powersgd":
+        sync = DPConfig(method="powersgd", rank=4, start_iter=10)
+    else:
+        sync = DPConfig(method=dp)
+    anchor = None if spectral is None else AnchorConfig(every=cfg.anchor_every, delay=cfg.anchor_delay)
+    correction = None if spectral is None else SpectralConfig(mode=spectral, rank=cfg.spectral_rank)
+    return TwoCircuitConfig(dp=sync, anchor=anchor, spectral=correction, check_every=25)
