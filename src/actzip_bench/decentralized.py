@@ -14,10 +14,8 @@ the simulated time at which a method's smoothed loss first reaches dense's final
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,33 +28,37 @@ from actzip.errors import ActzipError
 from actzip.wire import Action, LinkSpec, Pipeline, PipelineConfig, dp_sync_seconds, simulate
 from actzip_bench.data.domains import domain_corpora
 from actzip_bench.decentralized_config import TRIVIAL, DecentralizedBenchConfig
+from actzip_bench.harness import machine_record
 from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
 
 __all__ = ["pretrain", "run_decentralized", "summarize"]
 
 
-def pretrain(cfg: DecentralizedBenchConfig, seed: int, corpus) -> list[dict]:
-    """The stages' state dicts after ``pretrain_steps`` dense steps on ``corpus`` (all stages in this process)."""
-    stages = build_gpt_stages(cfg.gpt_config(), cfg.stages, "dense", seed=seed)
+def pretrain(cfg: DecentralizedBenchConfig, seed: int, corpus, device: torch.device | None = None) -> list[dict]:
+    """The stages' state dicts (on the CPU) after ``pretrain_steps`` dense steps on ``corpus`` (all stages in
+    this process, on ``device``)."""
+    stages = [s.to(device or "cpu") for s in build_gpt_stages(cfg.gpt_config(), cfg.stages, "dense", seed=seed)]
     pipe = Pipeline(stages, PipelineConfig(microbatches=cfg.microbatches, lr=cfg.lr, seed=seed))
     batches = Batches(corpus, cfg.batch_size * cfg.replicas, cfg.block_size, seed, None)
     for step in range(cfg.pretrain_steps):
         x, y, _ = batches(step)
         pipe.train_step(x, y)
-    return [{k: v.detach().clone() for k, v in s.state_dict().items()} for s in stages]
+    return [{k: v.detach().cpu().clone() for k, v in s.state_dict().items()} for s in stages]
 
 
 def _smoothed(losses: list[float], window: int) -> list[float]:
     return [statistics.fmean(losses[max(0, i + 1 - window): i + 1]) for i in range(len(losses))]
 
 
-def _run_times(ranks: list[dict], cfg: DecentralizedBenchConfig, link: LinkSpec) -> list[float]:
-    """Per step: the simulated step time of replica 0's pipeline on ``link`` with its data-parallel syncs."""
+def _run_times(ranks: list[dict], cfg: DecentralizedBenchConfig, link: LinkSpec,
+               with_dp: bool = True) -> list[float]:
+    """Per step: the simulated step time of replica 0's pipeline on ``link``, with its data-parallel syncs
+    (``with_dp``) or without (the pipeline axis alone)."""
     mine = [r for r in ranks if r["replica"] == 0]
     actions = [Action.from_tuple(a) for r in mine for a in r["actions"]]
     sync = {(r["stage"], step): dp_sync_seconds(b, cfg.replicas, link) for r in mine
-            for step, b in enumerate(r["dp_bytes"])}
+            for step, b in enumerate(r["dp_bytes"])} if with_dp else None
     return simulate(actions, link, sync).step_times_s
 
 
@@ -83,8 +85,11 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
                "anchors": {k: sum(a[k] for a in anchors) for k in anchors[0]} if anchors else None,
                "wall_s": max(r["wall_s"] for r in ranks), "links": {}}
         for bw, lat in cfg.links:
-            times = _run_times(ranks, cfg, LinkSpec(bandwidth_mbps=bw, latency_ms=lat))
+            spec = LinkSpec(bandwidth_mbps=bw, latency_ms=lat)
+            times = _run_times(ranks, cfg, spec)
+            pp = _run_times(ranks, cfg, spec, with_dp=False)
             row["links"][f"{bw:g}mbps-{lat:g}ms"] = {"step_s": statistics.median(times[1:] or times),
+                                                     "pp_step_s": statistics.median(pp[1:] or pp),
                                                      "cumulative_s": list(_cumsum(times))}
         rows.append(row)
     for row in rows:
@@ -127,8 +132,9 @@ def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
                    "reached": sum(r["target_step"] is not None for r in rs), "links": {}}
             for name in link_names:
                 step = statistics.fmean(r["links"][name]["step_s"] for r in rs)
+                pp_step = statistics.fmean(r["links"][name]["pp_step_s"] for r in rs)
                 ttt = [r["links"][name]["time_to_target_s"] for r in rs]
-                agg["links"][name] = {"step_s": step, "time_to_target_s":
+                agg["links"][name] = {"step_s": step, "pp_step_s": pp_step, "time_to_target_s":
                                       statistics.fmean(ttt) if all(t is not None for t in ttt) else None}
             out.append(agg)
         ref = {a["method"]: a for a in out if a["task"] == task}
@@ -136,7 +142,9 @@ def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
             for name in link_names:
                 link = a["links"][name]
                 if "bf16" in ref:
-                    link["throughput_vs_bf16"] = ref["bf16"]["links"][name]["step_s"] / link["step_s"]
+                    theirs = ref["bf16"]["links"][name]
+                    link["throughput_vs_bf16"] = theirs["step_s"] / link["step_s"]
+                    link["pp_throughput_vs_bf16"] = theirs["pp_step_s"] / link["pp_step_s"]
                 trivial = [ref[t]["links"][name]["time_to_target_s"] for t in TRIVIAL if t in ref]
                 trivial = [t for t in trivial if t is not None]
                 best = min(trivial) if trivial else None
@@ -146,30 +154,36 @@ def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
 
 
 def run_decentralized(cfg: DecentralizedBenchConfig, progress: Callable[[str], None] | None = None,
-                      log: Callable[[str], None] | None = None) -> dict:
-    """Pretrain, train every (seed, task, method) on the mesh, and return the record (rows and aggregates)."""
+                      log: Callable[[str], None] | None = None, device: torch.device | None = None) -> dict:
+    """Pretrain, train every (seed, task, method) on the mesh, and return the record (rows and aggregates).
+    On ``device`` cuda every rank computes on a GPU (ranks beyond the GPUs share them, talking gloo)."""
     say = log or (lambda message: None)
+    device = torch.device(device or "cpu")
     corpora = domain_corpora(cfg.corpus_bytes)
     world = cfg.stages * cfg.replicas
     with tempfile.TemporaryDirectory(prefix="actzip-decentralized-") as tmp:
         states = {}
         for seed in cfg.seeds:
             say(f"pretraining seed {seed}: {cfg.pretrain_steps} dense steps on code_early")
-            states[seed] = pretrain(cfg, seed, corpora["code_early"])
+            states[seed] = pretrain(cfg, seed, corpora["code_early"], device)
         torch.save(states, os.path.join(tmp, "states.pt"))
         fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
         out = os.path.join(tmp, "runs.json")
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                 "-m", "actzip_bench.decentralized_worker", "--config", json.dumps(fields),
-                "--states", os.path.join(tmp, "states.pt"), "--out", out]
+                "--states", os.path.join(tmp, "states.pt"), "--out", out, "--device", device.type]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         say(f"training on {cfg.stages} stages x {cfg.replicas} replicas ({world} processes)")
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for line in proc.stdout:
-            if line.startswith("done ") and progress is not None:
-                progress(line[5:].strip())
-        err = proc.stderr.read()
-        if proc.wait():
+        errors = os.path.join(tmp, "stderr.txt")  # a file, not a pipe: a full pipe would stall the ranks
+        with open(errors, "w") as err_file:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_file, text=True, env=env)
+            for line in proc.stdout:
+                if line.startswith("done ") and progress is not None:
+                    progress(line[5:].strip())
+            code = proc.wait()
+        with open(errors) as f:
+            err = f.read()
+        if code:
             lines = [ln for ln in err.splitlines() if "actzip" in ln or "Error" in ln][-8:]
             raise ActzipError("bench decentralized: the training processes failed:\n" + "\n".join(lines or
                                                                                             err.splitlines()[-20:]))
@@ -177,16 +191,4 @@ def run_decentralized(cfg: DecentralizedBenchConfig, progress: Callable[[str], N
             runs = json.load(f)
     rows = summarize(cfg, runs)
     return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
-            "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                        "torch": torch.__version__, "cpus": os.cpu_count(), "device": "cpu"},
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "code_version": os.environ.get("ACTZIP_CODE_VERSION") or _git_version()}
-
-
-def _git_version() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
-                           cwd=os.path.dirname(__file__))
-        return r.stdout.strip() or None
-    except OSError:
-        return None
+            "machine": machine_record(device)}

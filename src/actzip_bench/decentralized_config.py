@@ -43,6 +43,7 @@ class DecentralizedBenchConfig:
     replicas: int = 2  # data-parallel replicas of each stage
     batch_size: int = 16  # sequences per replica per step
     microbatches: int = 4  # per step
+    schedule: str = "1f1b"  # the pipeline's microbatch order ("gpipe" or "1f1b")
     pretrain_steps: int = 300  # dense steps on code_early before the tasks
     steps: int = 150  # steps of each task
     lr: float = 1e-3  # AdamW learning rate of the tasks (pretraining: the same)

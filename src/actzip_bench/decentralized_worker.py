@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 
@@ -25,6 +26,7 @@ from actzip_bench.wire_config import Batches
 def config_from_json(text: str) -> DecentralizedBenchConfig:
     fields = json.loads(text)
     fields["links"] = tuple(tuple(link) for link in fields["links"])
+    fields.setdefault("schedule", "1f1b")  # records made before the field
     return DecentralizedBenchConfig(**{k: tuple(v) if isinstance(v, list) and k != "links" else v
                                        for k, v in fields.items()})
 
@@ -40,13 +42,15 @@ def _val_loss(tc: TwoCircuit, corpus, cfg: DecentralizedBenchConfig, seed: int) 
     return sum(losses) / len(losses) if losses else None
 
 
-def run_one(mesh: Mesh, cfg: DecentralizedBenchConfig, states: list, corpus, seed: int, method: str) -> list | None:
+def run_one(mesh: Mesh, cfg: DecentralizedBenchConfig, states: list, corpus, seed: int, method: str,
+            device: torch.device) -> list | None:
     """Train ``method`` on ``corpus`` from the pretrained ``states``; every rank's record on rank 0."""
     stages = build_gpt_stages(cfg.gpt_config(), cfg.stages, "dense", seed=seed)
     module = stages[mesh.stage]
     module.load_state_dict(states[mesh.stage])
+    module.to(device)
     fwd, bwd = method_codecs(method)
-    pcfg = PipelineConfig(schedule="1f1b", microbatches=cfg.microbatches, fwd_codec=fwd, bwd_codec=bwd, lr=cfg.lr,
+    pcfg = PipelineConfig(schedule=cfg.schedule, microbatches=cfg.microbatches, fwd_codec=fwd, bwd_codec=bwd, lr=cfg.lr,
                           seed=seed, timeout_s=cfg.timeout_s)
     tc = TwoCircuit(module, mesh, pcfg, method_circuits(method, cfg))
     batches = Batches(corpus, cfg.batch_size, cfg.block_size, seed * 101 + mesh.replica, cfg.dataset_windows)
@@ -68,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, help="DecentralizedBenchConfig fields as JSON")
     p.add_argument("--states", required=True, help="torch.save'd {seed: [stage state dicts]} after pretraining")
     p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: every rank on GPU LOCAL_RANK %% device count "
+                   "(several ranks may share one; they talk over gloo through CPU copies)")
     args = p.parse_args(argv)
     cfg = config_from_json(args.config)
     torch.set_num_threads(1)
@@ -76,11 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         mesh = Mesh(cfg.stages, cfg.replicas)
         corpora = domain_corpora(cfg.corpus_bytes)
         pretrained = torch.load(args.states, weights_only=True)
+        device = torch.device("cpu")
+        if args.device == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+            torch.cuda.set_device(device)
         runs = []
         for seed in cfg.seeds:
             for task in cfg.tasks:
                 for method in cfg.methods:
-                    got = run_one(mesh, cfg, pretrained[seed], corpora[TASKS[task]], seed, method)
+                    got = run_one(mesh, cfg, pretrained[seed], corpora[TASKS[task]], seed, method, device)
                     if got is not None:
                         runs.append({"seed": seed, "task": task, "method": method, "ranks": got})
                         print(f"done {seed} {task} {method}", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from actzip_bench.commands.common import command_line, config_from_args, write_json
+from actzip_bench.commands.common import command_line, config_from_args, device_from_args, write_json
 
 
 def _bench_decentralized(args: argparse.Namespace) -> int:
@@ -28,7 +28,7 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("training", total=len(cfg.seeds) * len(cfg.tasks) * len(cfg.methods))
         record = run_decentralized(cfg, progress=lambda done: bar.update(task, advance=1, description=done),
-                                   log=bar.console.log)
+                                   log=bar.console.log, device=device_from_args(args))
     record["command"] = command_line(args)
     for t in cfg.tasks:
         console.print(table(record, t))
@@ -52,6 +52,8 @@ def add_parsers(bench) -> None:
     db.add_argument("--replicas", type=int, help="data-parallel replicas of each stage (default 2)")
     db.add_argument("--batch-size", type=int, dest="batch_size", help="sequences per replica per step")
     db.add_argument("--microbatches", type=int)
+    db.add_argument("--schedule", choices=["gpipe", "1f1b"])
+    db.add_argument("--device", help="cpu or cuda (default: cuda when there is one); ranks beyond the GPUs share them")
     db.add_argument("--pretrain-steps", type=int, dest="pretrain_steps")
     db.add_argument("--steps", type=int, help="steps of each task")
     db.add_argument("--lr", type=float)

@@ -5,7 +5,8 @@ A pipeline stage cannot be wrapped in ``DistributedDataParallel``: its forwards 
 microbatches (1F1B), and DDP would reduce after the wrong backward. :class:`GradSync` instead gathers the stage's
 gradients into one bucket and runs the :class:`~actzip.wire.dp.hooks.DPConfig` method's hook on it, torch's own
 ``powerSGD_hook`` and ``bf16_compress_hook`` included; the bucket's gradient views are written back to each
-``.grad``. One bucket per sync also keeps gloo's PowerSGD from the two-buckets-in-flight hang.
+``.grad``. One bucket per sync also keeps gloo's PowerSGD from the two-buckets-in-flight hang. CUDA gradients
+synced over gloo (several ranks sharing one GPU) go through a CPU copy of the bucket.
 
     sync = GradSync(stage_module, DPConfig(method="topk", keep=0.01), process_group=replicas_of_this_stage)
     loss.backward(); sync.sync(); optimizer.step()
@@ -28,10 +29,12 @@ class FlatBucket:
     """The parts of ``torch.distributed.GradBucket`` the hooks use, over one flat copy of ``params``' gradients
     (a gradient that is ``None`` counts as zeros)."""
 
-    def __init__(self, params: list[nn.Parameter], index: int = 0) -> None:
+    def __init__(self, params: list[nn.Parameter], index: int = 0, device: torch.device | None = None) -> None:
         self._params, self._index = params, index
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         self._buffer = torch.cat([g.detach().reshape(-1) for g in grads])
+        if device is not None:
+            self._buffer = self._buffer.to(device)
         self._views = []
         offset = 0
         for p in params:
@@ -79,18 +82,21 @@ class GradSync:
                                        "parameters": [list(p.shape) for p in self.params]}, self.group)
         self.meter = DPMeter()
         self.state, self.hook = make_hook(config, self.group, self.meter)
+        # gloo's collectives take CPU tensors (all-gather and the hooks' others): CUDA gradients are staged there
+        cuda = self.params[0].is_cuda
+        self.staging = torch.device("cpu") if cuda and dist.get_backend(self.group) == "gloo" else None
         self.syncs = 0
 
     @torch.no_grad()
     def sync(self) -> None:
         """Replace every ``.grad`` with the replicas' mean as the method delivers it."""
-        bucket = FlatBucket(self.params)
+        bucket = FlatBucket(self.params, device=self.staging)
         out = self.hook(self.state, bucket).wait()
         if out.data_ptr() != bucket.buffer().data_ptr():
             bucket.buffer().copy_(out[:bucket.buffer().numel()])
         for p, g in zip(self.params, bucket.gradients()):
             if p.grad is None:
-                p.grad = g.clone()
+                p.grad = g.to(p.device, copy=True)
             else:
                 p.grad.copy_(g)
         self.syncs += 1

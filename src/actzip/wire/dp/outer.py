@@ -80,7 +80,10 @@ class OuterSync:
                                         "parameters": [[n, list(p.shape)] for n, p in self.params]}, self.group)
         with torch.no_grad():  # start from one point: replica 0's parameters
             for _, p in self.params:
-                dist.broadcast(p.data, src=dist.get_global_rank(self.group, 0), group=self.group)
+                t = p.data.cpu() if p.is_cuda and dist.get_backend(self.group) == "gloo" else p.data
+                dist.broadcast(t, src=dist.get_global_rank(self.group, 0), group=self.group)
+                if t is not p.data:
+                    p.data.copy_(t)
         self.global_params = [p.detach().float().clone() for _, p in self.params]
         self.momenta = [torch.zeros_like(g) for g in self.global_params]
         self.residuals = [torch.zeros_like(g) for g in self.global_params] if config.error_feedback else None
@@ -119,8 +122,9 @@ class OuterSync:
         """The mean over replicas of what each sends of ``delta``, and the bytes this replica sent."""
         codec = self.codecs[i]
         if codec is None:
-            total = delta.clone()
+            total = delta.cpu() if delta.is_cuda and dist.get_backend(self.group) == "gloo" else delta.clone()
             dist.all_reduce(total, group=self.group)
+            total = total.to(delta.device)
             if self.residuals is not None:
                 self.residuals[i].zero_()
             return total.div_(self.world), delta.numel() * 4
@@ -128,9 +132,15 @@ class OuterSync:
         if self.residuals is not None:
             self.residuals[i] = delta - codec.decode(payload).float()
         keys = sorted(payload.buffers)
-        gathered = {k: [torch.empty_like(payload.buffers[k]) for _ in range(self.world)] for k in keys}
+        # gloo all-gathers CPU tensors only: CUDA payloads (ranks sharing a GPU) are staged through the CPU
+        stage = delta.is_cuda and dist.get_backend(self.group) == "gloo"
+        gathered = {}
         for k in keys:
-            dist.all_gather(gathered[k], payload.buffers[k].contiguous(), group=self.group)
+            mine = payload.buffers[k].contiguous()
+            mine = mine.cpu() if stage else mine
+            parts = [torch.empty_like(mine) for _ in range(self.world)]
+            dist.all_gather(parts, mine, group=self.group)
+            gathered[k] = [t.to(delta.device) for t in parts] if stage else parts
         total = torch.zeros_like(delta)
         for r in range(self.world):
             theirs = Payload(payload.codec, payload.shape, payload.dtype, payload.device,

@@ -92,8 +92,12 @@ class TwoCircuit:
     @torch.no_grad()
     def _broadcast_parameters(self) -> None:
         src = dist.get_global_rank(self.mesh.dp_group, 0)
+        stage = dist.get_backend(self.mesh.dp_group) == "gloo"  # gloo: through a CPU copy (ranks sharing a GPU)
         for p in self.module.parameters():
-            dist.broadcast(p.data, src=src, group=self.mesh.dp_group)
+            t = p.data.cpu() if stage and p.is_cuda else p.data
+            dist.broadcast(t, src=src, group=self.mesh.dp_group)
+            if t is not p.data:
+                p.data.copy_(t)
 
     def _meter(self) -> DPMeter | None:
         if self.grad_sync is not None:
