@@ -27,8 +27,11 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, 160))
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("training", total=len(cfg.seeds) * len(cfg.tasks) * len(cfg.methods))
-        record = run_decentralized(cfg, progress=lambda done: bar.update(task, advance=1, description=done),
-                                   log=bar.console.log, device=device_from_args(args))
+        def progress(done: str) -> None:
+            bar.update(task, advance=1, description=done)
+            bar.console.log(f"trained {done}")
+
+        record = run_decentralized(cfg, progress=progress, log=bar.console.log, device=device_from_args(args))
     record["command"] = command_line(args)
     for t in cfg.tasks:
         console.print(table(record, t))
