@@ -6,7 +6,7 @@ microbatches (1F1B), and DDP would reduce after the wrong backward. :class:`Grad
 gradients into one bucket and runs the :class:`~actzip.wire.dp.hooks.DPConfig` method's hook on it, torch's own
 ``powerSGD_hook`` and ``bf16_compress_hook`` included; the bucket's gradient views are written back to each
 ``.grad``. One bucket per sync also keeps gloo's PowerSGD from the two-buckets-in-flight hang. CUDA gradients
-synced over gloo (several ranks sharing one GPU) go through a CPU copy of the bucket.
+synced with top-k over gloo (several ranks sharing one GPU) go through a CPU copy of the bucket.
 
     sync = GradSync(stage_module, DPConfig(method="topk", keep=0.01), process_group=replicas_of_this_stage)
     loss.backward(); sync.sync(); optimizer.step()
@@ -82,9 +82,11 @@ class GradSync:
                                        "parameters": [list(p.shape) for p in self.params]}, self.group)
         self.meter = DPMeter()
         self.state, self.hook = make_hook(config, self.group, self.meter)
-        # gloo's collectives take CPU tensors (all-gather and the hooks' others): CUDA gradients are staged there
+        # gloo all-reduces CUDA tensors but all-gathers only CPU ones: top-k's CUDA gradients are staged there
+        # (the all-reduce methods stay on the GPU: torch's PowerSGD hook expects the bucket on the GPU)
         cuda = self.params[0].is_cuda
-        self.staging = torch.device("cpu") if cuda and dist.get_backend(self.group) == "gloo" else None
+        gather = config.method == "topk"
+        self.staging = torch.device("cpu") if cuda and gather and dist.get_backend(self.group) == "gloo" else None
         self.syncs = 0
 
     @torch.no_grad()
