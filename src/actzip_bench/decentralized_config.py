@@ -10,9 +10,10 @@ from actzip.wire.dp import DPConfig, OuterConfig
 from actzip.wire.mesh import TwoCircuitConfig
 from actzip_bench.models.gpt import GPTConfig
 
-__all__ = ["MASK", "METHODS", "TASKS", "TRIVIAL", "DecentralizedBenchConfig", "method_codecs", "method_circuits"]
+__all__ = ["MASK", "METHODS", "TOPK_MASK", "TASKS", "TRIVIAL", "DecentralizedBenchConfig", "method_codecs", "method_circuits"]
 
 MASK = "mask:keep=0.125,mode=random+quant:bits=8"  # the fast circuit's boundary mask, both ways
+TOPK_MASK = "mask:keep=0.125,mode=topk+quant:bits=8"  # the largest eighth, positions as a bitmask
 # method -> (forward codec, backward codec, data-parallel sync, anchors + correction)
 METHODS = {
     "dense": ("none", "none", "allreduce", None),  # float32 everywhere: the loss reference
@@ -26,6 +27,10 @@ METHODS = {
     "mask+diloco": (MASK, MASK, "diloco", None),
     "two-circuit": (MASK, MASK, "topk", "shrinkage"),  # + anchors and the spectral correction
     "two-circuit-projection": (MASK, MASK, "topk", "projection"),
+    # added after the first results (the random mask's loss): the same circuits with a top-k mask
+    "topk-mask": (TOPK_MASK, TOPK_MASK, "bf16", None),
+    "topk-mask+topk": (TOPK_MASK, TOPK_MASK, "topk", None),
+    "two-circuit-topk-mask": (TOPK_MASK, TOPK_MASK, "topk", "shrinkage"),
 }
 TRIVIAL = ("bf16", "int8", "int4", "delta")  # the baselines a user would otherwise pick
 TASKS = {"domain": "prose", "continual": "code_late"}  # task -> corpus trained on after pretraining on code_early

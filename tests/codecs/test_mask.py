@@ -178,3 +178,16 @@ def test_empty_tensors_round_trip(structure, mode):
     c = MaskCodec(keep=0.5, mode=mode, structure=structure)
     x = torch.zeros(0, 8)
     assert c.decode(c.encode(x)).shape == (0, 8)
+
+
+def test_random_positions_are_distinct_uniform_and_the_same_from_an_int_or_a_tensor_seed():
+    n, k, seeds = 64, 16, 2000
+    counts = torch.zeros(n)
+    for seed in range(seeds):
+        pos = random_positions(n, k, seed)
+        assert pos.dtype == torch.int64 and pos.numel() == k and bool((pos[1:] > pos[:-1]).all())
+        counts[pos] += 1
+    assert torch.equal(random_positions(n, k, 7), random_positions(n, k, torch.tensor([7])))
+    # each position kept with probability k / n: counts ~ Binomial(seeds, 1/4), sd ~ 19.4; 5 sd either side
+    expected = seeds * k / n
+    assert float((counts - expected).abs().max()) < 5 * (seeds * (k / n) * (1 - k / n)) ** 0.5

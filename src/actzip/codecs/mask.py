@@ -3,8 +3,9 @@
 Over the tensor's ``n`` elements in memory order, ``k = max(1, round(keep * n))`` are kept:
 
 - ``mode="random"``: ``k`` positions drawn uniformly without replacement from a seed. The positions are
-  never sent: they are rebuilt from the seed on a private CPU generator (the same positions on every device),
-  so the mask costs 8 bytes. Every element is kept with probability ``k / n``; with ``rescale`` (the default
+  never sent: they are rebuilt from the seed where the tensor lives, as the ``k`` smallest of a keyed bijective
+  hash of the positions (:func:`random_positions`: the same positions on every device), so the mask costs 8
+  bytes. Every element is kept with probability ``k / n``; with ``rescale`` (the default
   for this mode) the kept values are multiplied by ``n / k`` on decode, which makes the codec unbiased:
   ``E[decode(encode(x))] = x``, with ``Var = x_j**2 * (n / k - 1)`` per element.
 - ``mode="topk"``: the ``k`` elements of largest magnitude. Their positions are sent as a bitmask (``n / 8``
@@ -30,7 +31,7 @@ Format (buffers):
   decodes to NaN, never to finite numbers that hide the fault.
 
 With ``check=True`` (default) a tensor holding inf or NaN is refused with :class:`InvalidValueError` (one host
-sync per encode). Decoding a random mask reads its seed on the host (one sync on CUDA); decoding a top-k
+sync per encode). Decoding a random mask keeps its seed on the device (no sync); decoding a top-k
 bitmask finds its ``k`` positions with a size given in advance, so it needs none.
 """
 
@@ -57,14 +58,35 @@ def kept_count(n: int, keep: float) -> int:
     return min(n, max(1, round(keep * n))) if n else 0
 
 
-def random_positions(n: int, k: int, seed: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """The ``k`` positions (int64, increasing) a random mask with ``seed`` keeps out of ``n``.
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as an int64: splitmix64's increment
+_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
 
-    Drawn on a private CPU generator, so the same arguments give the same positions on every device.
+
+def _shift_right(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's ``>>`` is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def random_positions(n: int, k: int, seed, device: torch.device | str | None = None) -> torch.Tensor:
+    """The ``k`` positions (int64, increasing) a random mask with ``seed`` (an int, or an int64 tensor of one
+    element) keeps out of ``n``: the ``k`` smallest of a keyed hash of the positions.
+
+    The hash is splitmix64's finalizer of ``position + seed * golden`` in int64 arithmetic: a bijection, so no
+    two positions tie and every device picks the same ``k``; it runs where the tensor lives, and a seed given as
+    a tensor is never read on the host.
     """
-    g = torch.Generator(device="cpu")
-    g.manual_seed(seed)
-    return torch.randperm(n, generator=g)[:k].sort().values.to(device)
+    if isinstance(seed, torch.Tensor):
+        dev = torch.device(device) if device is not None else seed.device
+        s = seed.reshape(()).to(device=dev, dtype=torch.int64)
+    else:
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        s = torch.tensor(int(seed), dtype=torch.int64, device=dev)
+    x = torch.arange(n, dtype=torch.int64, device=dev) + s * _GOLDEN  # int64 arithmetic wraps
+    x = (x ^ _shift_right(x, 30)) * _MIX1
+    x = (x ^ _shift_right(x, 27)) * _MIX2
+    x = x ^ _shift_right(x, 31)
+    return torch.topk(x, k, largest=False, sorted=False).indices.sort().values
 
 
 @register_codec("mask")
@@ -218,7 +240,7 @@ class MaskCodec(Codec):
 
     def _decoded_positions(self, p: Payload, units: int, k: int) -> torch.Tensor:
         if p.meta["mode"] == "random":
-            return random_positions(units, k, int(p.buffers["seed"][0]), p.device)
+            return random_positions(units, k, p.buffers["seed"], p.device)
         if "mask" in p.buffers:
             return torch.nonzero_static(unpack_bool(p.buffers["mask"], units), size=k).reshape(-1)
         return p.buffers["index"].long()
