@@ -13,6 +13,7 @@ __all__ = ["RENDERERS", "decentralized_markdown", "decentralized_section"]
 
 CPU_RUN = "results/cpu/decentralized.json"
 H200_SPEED = "results/h200/decentralized-h200-speed.json"
+H200_SPEED_GPIPE = "results/h200/decentralized-h200-speed-gpipe.json"
 
 
 def _x(v: float | None) -> str:
@@ -72,4 +73,5 @@ def _figure(rel: str):
     return render
 
 
-RENDERERS = {"wire-decentralized-cpu": _figure(CPU_RUN), "wire-decentralized-h200-speed": _figure(H200_SPEED)}
+RENDERERS = {"wire-decentralized-cpu": _figure(CPU_RUN), "wire-decentralized-h200-speed": _figure(H200_SPEED),
+             "wire-decentralized-h200-speed-gpipe": _figure(H200_SPEED_GPIPE)}

@@ -8,6 +8,10 @@ and metering live in :mod:`actzip.wire.transport`.
 from __future__ import annotations
 
 import datetime
+import os
+import queue
+import threading
+import time
 from collections import deque
 
 import torch
@@ -32,7 +36,8 @@ def _map_dist_error(e: Exception, rank: int, peer: int, what: str, timeout_s: fl
 class DistBackend:
     """Moves uint8 tensors with ``torch.distributed`` point-to-point ops (an initialized process group)."""
 
-    def __init__(self, group=None, device: torch.device | str | None = None, down_group=None) -> None:
+    def __init__(self, group=None, device: torch.device | str | None = None, down_group=None,
+                 send_delay_s: float | None = None) -> None:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -46,6 +51,15 @@ class DistBackend:
             device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.device = torch.device(device)
         self._pending: deque = deque()  # (work, tensor, peer, what): tensors stay alive until sent
+        self._lock = threading.Lock()  # the delay line's thread posts sends too
+        # one-way latency added in software (a shaped link whose kernel has no netem): every send is held this
+        # long, in order, by a delay line; ACTZIP_SEND_DELAY_MS sets it for the processes of a NetnsLink
+        delay = send_delay_s if send_delay_s is not None else float(os.environ.get("ACTZIP_SEND_DELAY_MS", "0"))
+        if not delay >= 0:
+            raise ConfigError(f"DistBackend: the send delay must be >= 0 seconds, got {delay!r}")
+        self.send_delay_s = delay / 1e3 if send_delay_s is None else delay
+        self._line: queue.Queue | None = None
+        self._line_error: BaseException | None = None
         self._failed: WireError | None = None  # after a failed receive the stream position is lost for good
         # An NCCL send holds its stream until the peer posts the receive, and a pair's sends and receives share
         # one stream per communicator: two neighbours sending to each other at once (hellos, a forward crossing
@@ -83,10 +97,36 @@ class DistBackend:
         return self._down if peer < self.rank else self.group
 
     def send(self, peer: int, data: torch.Tensor, what: str) -> None:
-        work = self.dist.isend(data, dst=self._peer(peer), group=self._group_to(peer))
-        self._pending.append((work, data, peer, what))
-        while self._pending and self._pending[0][0].is_completed():
-            self._pending.popleft()
+        if self.send_delay_s > 0:  # a software link latency: the delay line posts it when it is due
+            self._start_delay_line()
+            self._line.put((time.monotonic() + self.send_delay_s, peer, data, what))
+            return
+        self._post(peer, data, what)
+
+    def _post(self, peer: int, data: torch.Tensor, what: str) -> None:
+        with self._lock:
+            work = self.dist.isend(data, dst=self._peer(peer), group=self._group_to(peer))
+            self._pending.append((work, data, peer, what))
+            while self._pending and self._pending[0][0].is_completed():
+                self._pending.popleft()
+
+    def _start_delay_line(self) -> None:
+        if self._line is not None:
+            return
+        self._line = queue.Queue()
+
+        def serve() -> None:
+            while True:
+                due, peer, data, what = self._line.get()
+                try:
+                    time.sleep(max(0.0, due - time.monotonic()))
+                    self._post(peer, data, what)
+                except BaseException as e:  # noqa: BLE001 - raised by the next flush, on the caller's thread
+                    self._line_error = e
+                finally:
+                    self._line.task_done()
+
+        threading.Thread(target=serve, name="actzip-send-delay", daemon=True).start()
 
     def recv(self, peer: int, nbytes: int, what: str, timeout_s: float) -> torch.Tensor:
         if self._failed is not None:
@@ -104,6 +144,10 @@ class DistBackend:
 
     def flush(self, timeout_s: float) -> None:
         """Wait until every message sent so far was taken by its receiver."""
+        if self._line is not None:
+            self._line.join()  # every delayed message posted
+            if self._line_error is not None:
+                raise WireError(f"rank {self.rank}: a delayed send failed: {self._line_error}")
         while self._pending:
             work, _, peer, what = self._pending[0]
             try:

@@ -18,8 +18,10 @@ step times are honest about what overlaps with what. The same trace replays at a
 
 **Real link.** :class:`NetnsLink` puts two processes in two network namespaces joined by a veth pair whose
 egress is shaped by ``tc netem rate ... delay ...`` each way, so they talk TCP through a real slow link, and
-reads the interface byte counters. It needs root, ``ip`` and ``tc`` and a kernel with ``sch_netem``;
-:func:`netns_unavailable_reason` says what is missing.
+reads the interface byte counters. On a kernel without ``sch_netem`` the rate is shaped by ``tc tbf`` and the
+one-way latency is added in software: each sending process holds every message that long before it goes on
+the wire (a FIFO delay line, as the model's latency). It needs root, ``ip`` and ``tc``;
+:func:`netns_unavailable_reason` says what is missing, :func:`shaping_qdisc` which shaping is used.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from actzip.errors import ConfigError
 from actzip.wire.transport import WireError
 
 __all__ = ["Action", "LinkModel", "LinkSpec", "NetnsLink", "Timeline", "dp_sync_seconds", "netns_unavailable_reason",
-           "simulate"]
+           "shaping_qdisc", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -198,8 +200,36 @@ def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
 
 
 @functools.cache
+def _probe_qdisc(ns: str, dev: str, args: list[str]) -> str | None:
+    r = _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *args], check=False)
+    return r.stderr.strip() if r.returncode else None
+
+
+@functools.lru_cache(maxsize=None)
+def shaping_qdisc() -> str | None:
+    """``"netem"`` when this kernel has ``sch_netem`` (rate and delay in the kernel), ``"tbf"`` when it has only
+    the token bucket (rate in the kernel, latency added in software by the senders), None when neither can be
+    set up here (no root, no ``tc``, no network namespaces)."""
+    if netns_unavailable_reason(shaped=False) is not None or shutil.which("tc") is None:
+        return None
+    ns = f"azqd{os.getpid()}"
+    try:
+        if _run(["ip", "netns", "add", ns], check=False).returncode:
+            return None
+        if _run(["ip", "-n", ns, "link", "add", "azq0", "type", "veth", "peer", "name", "azq1"], check=False).returncode:
+            return None
+        if _probe_qdisc(ns, "azq0", ["netem", "delay", "1ms"]) is None:
+            return "netem"
+        if _probe_qdisc(ns, "azq0", ["tbf", "rate", "100mbit", "burst", "128kb", "limit", "1mb"]) is None:
+            return "tbf"
+        return None
+    finally:
+        _run(["ip", "netns", "del", ns], check=False)
+
+
 def netns_unavailable_reason(shaped: bool = True) -> str | None:
-    """``None`` if :class:`NetnsLink` can run here (with netem shaping if ``shaped``), else why not."""
+    """``None`` if :class:`NetnsLink` can run here (with shaping if ``shaped``: netem, or tbf with the latency
+    added in software), else why not."""
     if not sys.platform.startswith("linux"):
         return f"network namespaces need Linux (this is {sys.platform})"
     if os.geteuid() != 0:
@@ -216,10 +246,11 @@ def netns_unavailable_reason(shaped: bool = True) -> str | None:
         if r.returncode:
             return f"cannot create a veth pair: {r.stderr.strip()}"
         if shaped:
-            r = _run(["tc", "-n", ns, "qdisc", "add", "dev", "azp0", "root", "netem", "delay", "1ms"], check=False)
-            if r.returncode:
-                return (f"tc netem is not available ({r.stderr.strip()}): this kernel lacks the sch_netem qdisc "
-                        f"(try `modprobe sch_netem`)")
+            netem = _probe_qdisc(ns, "azp0", ["netem", "delay", "1ms"])
+            tbf = netem and _probe_qdisc(ns, "azp0", ["tbf", "rate", "100mbit", "burst", "128kb", "limit", "1mb"])
+            if netem and tbf:
+                return (f"neither tc netem ({netem}) nor tc tbf ({tbf}) can shape a link here: this kernel lacks "
+                        "the sch_netem and sch_tbf qdiscs")
     finally:
         _run(["ip", "netns", "del", ns], check=False)
     return None
@@ -238,6 +269,9 @@ class NetnsLink:
         why = netns_unavailable_reason(shaped)
         if why is not None:
             raise WireError(f"NetnsLink cannot run here: {why}")
+        self.qdisc = shaping_qdisc() if shaped else None
+        # with tbf the kernel shapes the rate only: each sender holds its messages for the one-way latency
+        self.send_delay_ms = self.link.latency_ms if self.qdisc == "tbf" else 0.0
         n = next(_counter)
         tag = f"{os.getpid() % 100000}x{n}"
         self.namespaces = (f"aznsa{tag}", f"aznsb{tag}")
@@ -257,13 +291,17 @@ class NetnsLink:
                 _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", ifname])
                 _run(["ip", "-n", ns, "link", "set", ifname, "up"])
                 _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-                shape = []
-                if self.link.bandwidth_mbps is not None:
-                    shape += ["rate", f"{self.link.bandwidth_mbps:g}mbit"]
-                if self.link.latency_ms > 0:
-                    shape += ["delay", f"{self.link.latency_ms:g}ms"]
-                if shape:
-                    _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "netem", *shape, "limit", "100000"])
+                bw = self.link.bandwidth_mbps
+                if self.qdisc == "netem":
+                    shape = (["rate", f"{bw:g}mbit"] if bw is not None else []) + (
+                        ["delay", f"{self.link.latency_ms:g}ms"] if self.link.latency_ms > 0 else [])
+                    if shape:
+                        _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "netem", *shape,
+                              "limit", "100000"])
+                elif bw is not None:  # tbf: a bucket of a few milliseconds at the rate, a queue that drops nothing
+                    burst = max(64_000, int(bw * 1e6 / 8 * 0.004))
+                    _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "tbf", "rate", f"{bw:g}mbit",
+                          "burst", str(burst), "limit", str(64 * 2**20)])
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -276,7 +314,11 @@ class NetnsLink:
             self._up = False
 
     def popen(self, side: int, argv: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
-        """Start ``argv`` in side ``side``'s namespace."""
+        """Start ``argv`` in side ``side``'s namespace (told the software latency, if any, through
+        ``ACTZIP_SEND_DELAY_MS``: :class:`~actzip.wire.backends.DistBackend` holds every send that long)."""
+        env = dict(os.environ if env is None else env)
+        if self.send_delay_ms:
+            env["ACTZIP_SEND_DELAY_MS"] = f"{self.send_delay_ms:g}"
         return subprocess.Popen(["ip", "netns", "exec", self.namespaces[side], *argv], env=env, **kw)
 
     def counters(self) -> list[dict[str, int]]:
