@@ -199,7 +199,6 @@ def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
     return r
 
 
-@functools.cache
 def _probe_qdisc(ns: str, dev: str, args: list[str]) -> str | None:
     r = _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *args], check=False)
     return r.stderr.strip() if r.returncode else None
@@ -254,6 +253,9 @@ def netns_unavailable_reason(shaped: bool = True) -> str | None:
     finally:
         _run(["ip", "netns", "del", ns], check=False)
     return None
+
+
+netns_unavailable_reason = functools.cache(netns_unavailable_reason)  # probing creates namespaces: once a process
 
 
 class NetnsLink:
