@@ -66,3 +66,15 @@ def test_a_300_unit_model_gets_a_plan_within_its_budget():
     units = [unit(f"u{i}", keep=100.0 + i % 7) for i in range(300)]
     picks = solve(units, budget_bytes=300 * 60, base_bytes=0, max_risk=0)
     assert len(picks) == 300 and sum(u.bytes[k] for u, k in zip(units, picks)) <= 300 * 60
+
+
+def test_real_byte_counts_beside_millisecond_costs_get_the_optimum():
+    # a 1B model's layers at eight thousand tokens: keeping one holds 680 MiB, checkpointing it 32.5 MiB for
+    # 2.89 ms, offloading it nothing for 36.68 ms; 4,578 MiB to spend. The optimum keeps five layers and
+    # checkpoints the other eleven (offloading would cost more time for nothing the budget needs)
+    mib = 2**20
+    units = [UnitCosts(f"layers.{i}", ("keep", "checkpoint", "offload"), (680 * mib, 32.5 * mib, 0.0),
+                       (0.0, 2.89e-3, 36.68e-3), (0.0, 0.0, 0.0), (0.0, 680 * mib, 0.0)) for i in range(16)]
+    picks = solve(units, budget_bytes=6003 * mib, base_bytes=1425 * mib, max_risk=0.0)
+    assert sorted(picks).count(0) == 5 and picks.count(1) == 11 and 2 not in picks
+    assert minimum_peak(units, 1425 * mib, 0.0) == 1425 * mib  # everything offloaded: the base alone

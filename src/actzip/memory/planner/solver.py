@@ -48,9 +48,18 @@ def _milp():
     return Bounds, LinearConstraint, milp
 
 
+def _byte_unit(units: list[UnitCosts]) -> float:
+    """The bytes the problem counts in: its largest byte figure. Raw byte counts (1e9 and more) beside added
+    seconds (1e-3) leave HiGHS's tolerances far too coarse: it proved plans optimal that cost four times the
+    optimum's time. In units of the largest figure every coefficient is at most 1."""
+    return max([1.0, *(b for u in units for b in (*u.bytes, *u.transient))])
+
+
 def _problem(units: list[UnitCosts], max_risk: float):
-    """The one-option-per-unit, transient and risk rows shared by both problems; ``z`` is the last variable."""
+    """The one-option-per-unit, transient and risk rows shared by both problems; ``z`` is the last variable.
+    Bytes are counted in units of :func:`_byte_unit`."""
     Bounds, LinearConstraint, _ = _milp()
+    unit = _byte_unit(units)
     n = sum(len(u.options) for u in units)
     rows, lo, hi = [], [], []
     col = 0
@@ -62,12 +71,12 @@ def _problem(units: list[UnitCosts], max_risk: float):
             risk[col + k] = u.exposure * u.risk[k]
             if u.transient[k] > 0:
                 t = np.zeros(n + 1)
-                t[col + k], t[n] = u.transient[k], -1.0
+                t[col + k], t[n] = u.transient[k] / unit, -1.0
                 rows.append(t), lo.append(-np.inf), hi.append(0.0)
         rows.append(one), lo.append(1.0), hi.append(1.0)
         col += len(u.options)
     rows.append(risk), lo.append(-np.inf), hi.append(max_risk)
-    bytes_row = np.concatenate([np.array([b for u in units for b in u.bytes], dtype=float), [1.0]])
+    bytes_row = np.concatenate([np.array([b for u in units for b in u.bytes], dtype=float) / unit, [1.0]])
     integrality = np.concatenate([np.ones(n), [0]])
     bounds = Bounds(np.zeros(n + 1), np.concatenate([np.ones(n), [np.inf]]))
     return LinearConstraint(np.array(rows), lo, hi), bytes_row, integrality, bounds
@@ -89,7 +98,7 @@ def minimum_peak(units: list[UnitCosts], base_bytes: float, max_risk: float, tim
                options={"time_limit": time_limit})
     if res.x is None:
         raise ConfigError(f"planner: no plan keeps the risk within max_risk={max_risk} (HiGHS: {res.message})")
-    return base_bytes + float(res.fun)
+    return base_bytes + float(res.fun) * _byte_unit(units)
 
 
 def solve(units: list[UnitCosts], budget_bytes: float, base_bytes: float, max_risk: float,
@@ -102,7 +111,7 @@ def solve(units: list[UnitCosts], budget_bytes: float, base_bytes: float, max_ri
     # the added time alone: a bytes tie-break would give every unit its own objective and the branch and bound
     # many near-equal plans to tell apart (several times slower on hundreds of units)
     seconds = np.concatenate([np.array([s for u in units for s in u.seconds], dtype=float), [0.0]])
-    budget = LinearConstraint(bytes_row[None, :], -np.inf, budget_bytes - base_bytes)
+    budget = LinearConstraint(bytes_row[None, :], -np.inf, (budget_bytes - base_bytes) / _byte_unit(units))
     res = milp(seconds, constraints=[shared, budget], integrality=integrality, bounds=bounds,
                options={"time_limit": time_limit})
     if res.x is not None and res.status != 0:
