@@ -29,7 +29,7 @@ import torch.nn as nn
 from actzip.errors import ConfigError
 from actzip.wire.anchor.spectral import SpectralCorrection
 
-__all__ = ["AnchorCircuit", "AnchorConfig"]
+__all__ = ["AnchorCircuit", "AnchorConfig", "AnchorDelivery", "PendingAnchor"]
 
 
 @dataclass
@@ -47,24 +47,64 @@ class AnchorConfig:
                 raise ConfigError(f"AnchorConfig.{name} must be an int >= {low}, got {v!r}")
 
 
-class _Anchor:
+class PendingAnchor:
+    """One launched anchor: done when its pass has ended, with its gradients (or the error it raised)."""
+
     def __init__(self, launched: int) -> None:
-        self.launched = launched
+        self.launched = launched  # the fast step it was launched at
         self.done = threading.Event()
-        self.grads: list | None = None
+        self.grads: list | None = None  # one per parameter handed over (None: that one had no gradient)
         self.error: BaseException | None = None
         self.counted_late = False
 
 
-class AnchorCircuit:
+class AnchorDelivery:
+    """What every anchor circuit shares: the anchors in flight, their hand-over to the correction once due and
+    finished (never waited for), and the counts of those launched, delivered, late, lost and skipped."""
+
+    def __init__(self, correction: SpectralCorrection, config: AnchorConfig, params: list, who: str) -> None:
+        self.correction, self.config, self.params, self.who = correction, config, params, who
+        self.pending: list[PendingAnchor] = []
+        self.launched = self.delivered = self.late = self.lost = self.skipped = 0
+        self.said_lost = False
+
+    def deliver(self, step: int) -> int:
+        """Hand the correction every anchor due by ``step`` (launched at or before ``step - delay``) that has
+        finished; return how many were handed over. Never waits."""
+        given = 0
+        for anchor in list(self.pending):
+            if step - anchor.launched < self.config.delay:
+                continue
+            if not anchor.done.is_set():
+                if not anchor.counted_late:  # due, not finished: handed over when it is
+                    anchor.counted_late = True
+                    self.late += 1
+                continue
+            self.pending.remove(anchor)
+            if anchor.error is not None:
+                self.lost += 1
+                if not self.said_lost:
+                    self.said_lost = True
+                    warnings.warn(f"actzip {self.who}: the anchor launched at step {anchor.launched} failed "
+                                  f"({type(anchor.error).__name__}: {anchor.error}); the fast circuit goes on "
+                                  f"with the anchors it has (counted in {type(self).__name__}.lost)", stacklevel=2)
+                continue
+            self.correction.observe_anchor({p: g for p, g in zip(self.params, anchor.grads) if g is not None})
+            self.delivered += 1
+            given += 1
+        return given
+
+    def counts(self) -> dict[str, int]:
+        return {"launched": self.launched, "delivered": self.delivered, "late": self.late, "lost": self.lost,
+                "skipped": self.skipped}
+
+
+class AnchorCircuit(AnchorDelivery):
     """Launches anchors and hands their gradients to ``correction`` (see the module docstring)."""
 
     def __init__(self, model: nn.Module, correction: SpectralCorrection, config: AnchorConfig) -> None:
-        self.model, self.correction, self.config = model, correction, config
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.pending: list[_Anchor] = []
-        self.launched = self.delivered = self.late = self.lost = self.skipped = 0
-        self._said_lost = False
+        super().__init__(correction, config, [p for p in model.parameters() if p.requires_grad], "anchor circuit")
+        self.model = model
 
     def maybe_launch(self, step: int, loss_fn: Callable[[nn.Module], torch.Tensor]) -> bool:
         """Start an anchor at every ``every``-th step (``loss_fn(snapshot)`` is the unmasked loss). True if one
@@ -75,7 +115,7 @@ class AnchorCircuit:
             self.skipped += 1
             return False
         snapshot = copy.deepcopy(self.model)  # the fast circuit goes on changing the originals
-        anchor = _Anchor(step)
+        anchor = PendingAnchor(step)
         stream = torch.cuda.Stream() if self.params and self.params[0].is_cuda else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream())  # the snapshot's copies are made before it runs
@@ -98,32 +138,6 @@ class AnchorCircuit:
         self.pending.append(anchor)
         self.launched += 1
         return True
-
-    def deliver(self, step: int) -> int:
-        """Hand the correction every anchor due by ``step`` (launched at or before ``step - delay``) that has
-        finished; return how many were handed over. Never waits."""
-        given = 0
-        for anchor in list(self.pending):
-            if step - anchor.launched < self.config.delay:
-                continue
-            if not anchor.done.is_set():
-                if not anchor.counted_late:  # due, not finished: handed over when it is
-                    anchor.counted_late = True
-                    self.late += 1
-                continue
-            self.pending.remove(anchor)
-            if anchor.error is not None:
-                self.lost += 1
-                if not self._said_lost:
-                    self._said_lost = True
-                    warnings.warn(f"actzip anchor circuit: the anchor launched at step {anchor.launched} failed "
-                                  f"({type(anchor.error).__name__}: {anchor.error}); the fast circuit goes on "
-                                  "with the anchors it has (counted in AnchorCircuit.lost)", stacklevel=2)
-                continue
-            self.correction.observe_anchor({p: g for p, g in zip(self.params, anchor.grads) if g is not None})
-            self.delivered += 1
-            given += 1
-        return given
 
     def wait_all(self, timeout_s: float = 60.0) -> None:
         """Wait for the anchors in flight (at the end of training, or in tests)."""

@@ -17,42 +17,36 @@ due (launched ``delay`` steps ago) but not finished is counted ``late`` and hand
 import copy
 import queue
 import threading
-import warnings
 from dataclasses import replace
 
 import torch
 import torch.nn as nn
 
-from actzip.wire.anchor import AnchorConfig, SpectralCorrection
+from actzip.wire.anchor import AnchorConfig, AnchorDelivery, PendingAnchor, SpectralCorrection
 from actzip.wire.pipeline import Pipeline, PipelineConfig
 
 __all__ = ["PipelineAnchors"]
 
 
-class _Launch:
+class QueuedAnchor(PendingAnchor):
+    """An anchor waiting for the thread: the parameters it snapshots and its batch."""
+
     def __init__(self, step: int, params: list[torch.Tensor], x, y) -> None:
-        self.step, self.params, self.x, self.y = step, params, x, y
-        self.done = threading.Event()
-        self.grads: list | None = None
-        self.error: BaseException | None = None
-        self.counted_late = False
+        super().__init__(step)
+        self.params, self.x, self.y = params, x, y
 
 
-class PipelineAnchors:
+class PipelineAnchors(AnchorDelivery):
     """Anchor passes of this rank's stage (see the module docstring)."""
 
     def __init__(self, module: nn.Module, fast_config: PipelineConfig, config: AnchorConfig,
                  correction: SpectralCorrection, group, down_group, loss_fn=None) -> None:
-        self.config, self.correction = config, correction
-        self.fast_params = [p for p in module.parameters() if p.requires_grad]
+        super().__init__(correction, config, [p for p in module.parameters() if p.requires_grad], "pipeline anchors")
         self.module = copy.deepcopy(module)
-        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.copy_params = [p for p in self.module.parameters() if p.requires_grad]  # the anchor passes' copy
         dense = replace(fast_config, codec="none", fwd_codec=None, bwd_codec=None)
         self.pipe = Pipeline(self.module, dense, loss_fn=loss_fn, distributed=True, group=group,
                              down_group=down_group)
-        self.pending: list[_Launch] = []
-        self.launched = self.delivered = self.late = self.lost = self.skipped = 0
-        self._said_lost = False
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._serve, name="actzip-pipeline-anchors", daemon=True)
         self._thread.start()
@@ -67,11 +61,11 @@ class PipelineAnchors:
                 if broken is not None:  # the anchor pipeline lost its place: every later anchor is lost too
                     raise broken
                 with torch.no_grad():
-                    for p, v in zip(self.params, launch.params):
+                    for p, v in zip(self.copy_params, launch.params):
                         p.copy_(v)
                         p.grad = None
                 self.pipe.compute_grads(launch.x, launch.y)
-                launch.grads = [p.grad.detach().clone() if p.grad is not None else None for p in self.params]
+                launch.grads = [p.grad.detach().clone() if p.grad is not None else None for p in self.copy_params]
             except BaseException as e:  # noqa: BLE001 - reported by deliver(), on the fast circuit's thread
                 broken = broken or e
                 launch.error = e
@@ -85,40 +79,11 @@ class PipelineAnchors:
         if len(self.pending) >= self.config.max_pending:
             self.skipped += 1
             return False
-        launch = _Launch(step, [p.detach().clone() for p in self.fast_params], x, y)
+        launch = QueuedAnchor(step, [p.detach().clone() for p in self.params], x, y)
         self.pending.append(launch)
         self._queue.put(launch)
         self.launched += 1
         return True
-
-    def deliver(self, step: int) -> int:
-        """Hand the correction every anchor due by ``step`` that has finished; never waits."""
-        given = 0
-        for launch in list(self.pending):
-            if step - launch.step < self.config.delay:
-                continue
-            if not launch.done.is_set():
-                if not launch.counted_late:
-                    launch.counted_late = True
-                    self.late += 1
-                continue
-            self.pending.remove(launch)
-            if launch.error is not None:
-                self.lost += 1
-                if not self._said_lost:
-                    self._said_lost = True
-                    warnings.warn(f"actzip pipeline anchors: the anchor launched at step {launch.step} failed "
-                                  f"({type(launch.error).__name__}: {launch.error}); the fast circuit goes on with "
-                                  "the anchors it has (counted in PipelineAnchors.lost)", stacklevel=2)
-                continue
-            self.correction.observe_anchor({p: g for p, g in zip(self.fast_params, launch.grads) if g is not None})
-            self.delivered += 1
-            given += 1
-        return given
-
-    def counts(self) -> dict[str, int]:
-        return {"launched": self.launched, "delivered": self.delivered, "late": self.late, "lost": self.lost,
-                "skipped": self.skipped}
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Let the anchors in flight finish (bounded), then stop the thread."""
