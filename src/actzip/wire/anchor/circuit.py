@@ -68,6 +68,21 @@ class AnchorDelivery:
         self.launched = self.delivered = self.late = self.lost = self.skipped = 0
         self.said_lost = False
 
+    def launch_due(self, step: int) -> bool:
+        """Whether an anchor is launched at ``step``: every ``every``-th step, unless ``max_pending`` are in flight
+        (then skipped, and counted)."""
+        if step % self.config.every:
+            return False
+        if len(self.pending) >= self.config.max_pending:
+            self.skipped += 1
+            return False
+        return True
+
+    def track(self, anchor: PendingAnchor) -> None:
+        """Count ``anchor`` as launched and in flight."""
+        self.pending.append(anchor)
+        self.launched += 1
+
     def deliver(self, step: int) -> int:
         """Hand the correction every anchor due by ``step`` (launched at or before ``step - delay``) that has
         finished; return how many were handed over. Never waits."""
@@ -109,10 +124,7 @@ class AnchorCircuit(AnchorDelivery):
     def maybe_launch(self, step: int, loss_fn: Callable[[nn.Module], torch.Tensor]) -> bool:
         """Start an anchor at every ``every``-th step (``loss_fn(snapshot)`` is the unmasked loss). True if one
         was started."""
-        if step % self.config.every:
-            return False
-        if len(self.pending) >= self.config.max_pending:
-            self.skipped += 1
+        if not self.launch_due(step):
             return False
         snapshot = copy.deepcopy(self.model)  # the fast circuit goes on changing the originals
         anchor = PendingAnchor(step)
@@ -135,8 +147,7 @@ class AnchorCircuit(AnchorDelivery):
                 anchor.done.set()
 
         threading.Thread(target=run, name=f"actzip-anchor-{step}", daemon=True).start()
-        self.pending.append(anchor)
-        self.launched += 1
+        self.track(anchor)
         return True
 
     def wait_all(self, timeout_s: float = 60.0) -> None:

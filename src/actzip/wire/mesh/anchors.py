@@ -74,15 +74,11 @@ class PipelineAnchors(AnchorDelivery):
 
     def maybe_launch(self, step: int, x, y) -> bool:
         """At every ``every``-th step queue an anchor on a snapshot of the parameters and this batch."""
-        if step % self.config.every:
-            return False
-        if len(self.pending) >= self.config.max_pending:
-            self.skipped += 1
+        if not self.launch_due(step):
             return False
         launch = QueuedAnchor(step, [p.detach().clone() for p in self.params], x, y)
-        self.pending.append(launch)
+        self.track(launch)
         self._queue.put(launch)
-        self.launched += 1
         return True
 
     def close(self, timeout_s: float = 60.0) -> None:
