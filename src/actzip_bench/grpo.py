@@ -243,6 +243,7 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None, log=None
         runs.append({"strategy": s, **r.summary(), "tokens": tokens, "tokens_per_s": tokens / (r.median_ms / 1e3),
                      "time_vs_none": r.median_ms / results["none"].median_ms,
                      "plan": _plan_table(trainers[s]) if s in PLANNED else None,
+                     "plan_checks": _plan_checks(trainers[s]) if s in PLANNED else None,
                      "compile_budgets": compiled.tried if s == "compile" else None,
                      "compile_budget": compiled.budget if s == "compile" else None})
     if cfg.reward_steps:
@@ -323,6 +324,16 @@ def _plan_table(trainer) -> str | None:
 
     try:
         return plan_of(trainer.model).table()
+    except ConfigError:
+        return None
+
+
+def _plan_checks(trainer) -> list | None:
+    """The plan's [predicted, measured] peak of each probe step that checked it (CUDA)."""
+    from actzip.memory.planner import plan_of
+
+    try:
+        return plan_of(trainer.model).checks
     except ConfigError:
         return None
 

@@ -193,3 +193,58 @@ def test_lossless_options_are_held_to_the_plain_steps_noise_floor():
     assert all(0 < f < 1e-5 for f in p.noise_floor) and not p.inexact
     assert all(r == 0.0 for c in p.costs for o, r in zip(c.options, c.risk) if o != "keep")
     assert any("held to 10 times that" in n for n in report.notes)
+
+
+def _fake_peaks(monkeypatch, peaks):
+    """planned_peak giving ``peaks`` in turn (the last one from then on), as a CUDA allocator would."""
+    import actzip.memory.planner.config as config_module
+
+    calls = []
+
+    def fake(model, probe):
+        calls.append(1)
+        return float(peaks[min(len(calls), len(peaks)) - 1])
+
+    monkeypatch.setattr(config_module, "planned_peak", fake)
+    return calls
+
+
+def test_a_measured_peak_past_the_budget_is_counted_in_the_base_and_solved_again(monkeypatch):
+    _, _, probe, _, _, keep = _setup(1.0)
+    budget = int(keep * 0.6)
+    first = budget + keep * 0.1  # the first plan peaks past the budget by a tenth of what keep holds
+    calls = _fake_peaks(monkeypatch, [first, budget - 1])
+    model = copy.deepcopy(Stack())
+    torch.manual_seed(0)
+    report = compress_(model, PlannerConfig(budget_bytes=budget, probe=probe, repeats=1))
+    plan = plan_of(model)
+    assert len(calls) == 2 and len(plan.checks) == 2
+    (predicted0, measured0), (predicted1, measured1) = plan.checks
+    assert measured0 == first and predicted0 <= budget
+    assert plan.base_bytes == pytest.approx(measured0 - predicted0)  # the CPU profile's base is 0
+    assert predicted1 <= budget and predicted1 == plan.predicted_peak(plan.probe_tokens)
+    assert predicted1 - plan.base_bytes < predicted0  # the units hold less under the corrected plan
+    assert "measured" in report.notes[-1] and "checked on the probe" in plan.table()
+
+
+def test_a_plan_still_past_the_budget_after_its_corrections_is_announced(monkeypatch):
+    from actzip.memory.planner.config import PEAK_CHECKS
+
+    _, _, probe, _, _, keep = _setup(1.0)
+    budget = int(keep * 0.9)
+    calls = _fake_peaks(monkeypatch, [budget + 1])  # one byte over, whatever the plan
+    model = Stack()
+    with pytest.warns(UserWarning, match="still past the budget"):
+        report = compress_(model, PlannerConfig(budget_bytes=budget, probe=probe, repeats=1))
+    assert len(calls) == PEAK_CHECKS + 1 and len(plan_of(model).checks) == PEAK_CHECKS + 1
+    assert any("still past the budget" in n for n in report.notes)
+
+
+def test_a_correction_no_plan_can_meet_gives_the_minimum_and_leaves_the_model_as_it_was(monkeypatch):
+    _, _, probe, x, _, keep = _setup(1.0)
+    _fake_peaks(monkeypatch, [keep * 10])
+    model = Stack()
+    before = model.blocks[0].forward
+    with pytest.raises(ConfigError, match="smallest feasible peak"):
+        compress_(model, PlannerConfig(budget_bytes=int(keep * 0.9), probe=probe, repeats=1))
+    assert model.blocks[0].forward == before and not hasattr(model, "actzip_planned_units")

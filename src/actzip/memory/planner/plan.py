@@ -49,6 +49,9 @@ class Plan:
     units: list[UnitCosts]
     # (token bucket, exposure bucket) -> option per unit
     chosen: dict[tuple[int, float], list[str]] = field(default_factory=dict)
+    # [predicted, measured] peak of each planned probe step that checked the plan (CUDA); a measured peak past
+    # the budget raised base_bytes by the difference and the plan was solved again
+    checks: list[list[float]] = field(default_factory=list)
 
     def options_for(self, tokens: int, exposure: float = 1.0) -> list[str]:
         """The option of each unit for a step of ``tokens`` tokens and ``exposure`` (solved once per bucket)."""
@@ -85,6 +88,9 @@ class Plan:
                  for r in rows]
         lines.append(f"predicted peak {self.predicted_peak(tokens) / 2**20:,.1f} MiB of a budget of "
                      f"{self.budget_bytes / 2**20:,.1f} MiB at {tokens} tokens")
+        if self.checks:
+            lines.append("checked on the probe: " + ", ".join(
+                f"predicted {p / 2**20:,.1f} / measured {m / 2**20:,.1f} MiB" for p, m in self.checks))
         return "\n".join(lines)
 
     def to_json(self) -> str:

@@ -25,7 +25,7 @@ from actzip.memory.planner.options import LOSSLESS
 from actzip.memory.planner.planned import PlannedUnits
 from actzip.memory.planner.solver import UnitCosts
 
-__all__ = ["NOISE_MARGIN", "Profile", "profile"]
+__all__ = ["NOISE_MARGIN", "Profile", "planned_peak", "profile"]
 
 # How far past the plain steps' own difference a lossless option's gradients may be (where that difference is
 # not 0): a broken lossless option is off by orders of magnitude more, and one sample of the floor is noisy.
@@ -144,3 +144,20 @@ def _relative_error(got: list, want: list) -> float:
             num += float((g.double() - w.double()).square().sum())
         den += float(w.double().square().sum())
     return (num ** 0.5) / (den ** 0.5) if den > 0 else (0.0 if num == 0 else float("inf"))
+
+
+def planned_peak(model: nn.Module, probe: Callable[[nn.Module], torch.Tensor]) -> float | None:
+    """The peak of one probe step as the units' current plan runs it (the gradients being accumulated are given
+    back untouched); None off CUDA, where there is no allocator peak to read."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return None
+    params = list(model.parameters())
+    held = [p.grad for p in params]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return float(_step(model, probe, device)[1])
+    finally:
+        for p, g in zip(params, held):
+            p.grad = g
