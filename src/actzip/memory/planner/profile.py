@@ -91,6 +91,8 @@ def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module]
             seconds[option] = statistics.median(r[0] for r in runs)
             peaks[option] = max(r[1] for r in runs)
             grads[option] = _unit_grads(unit_params)
+            if option == "offload":
+                _release_pinned()
             if option == "keep":  # once more: two plain steps differ by what the device's kernels do not fix
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -129,6 +131,16 @@ def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module]
             t.append(float(keep_kept[i]) if option == "checkpoint" else 0.0)
         costs.append(UnitCosts(name, tuple(names), tuple(b), tuple(s), tuple(r), tuple(t)))
     return Profile(costs, base, tokens, inexact, peaks if device.type == "cuda" else {}, base_by_option, floor)
+
+
+def _release_pinned() -> None:
+    """Give the pinned host blocks the offload option's probe steps cached back to the system: the caching host
+    allocator keeps them otherwise, and a long probe's (a whole model's activations) would stay pinned through
+    training. torch.accelerator.empty_host_cache is recent; older releases have only torch._C's entry point."""
+    release = (getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+               or getattr(torch._C, "_host_emptyCache", None))
+    if release is not None:
+        release()
 
 
 def _unit_grads(unit_params: list) -> list:
