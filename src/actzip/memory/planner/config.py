@@ -154,6 +154,10 @@ def _make_plan(model: nn.Module, config: PlannerConfig, planned: PlannedUnits, s
         report.notes.append(f"planner: two plain steps' gradients differ by up to {max(measured.noise_floor):.2e} "
                             f"(relative; non-deterministic kernels): lossless options were held to {NOISE_MARGIN:g} "
                             "times that")
+    for option, why in measured.left_out.items():
+        message = f"actzip planner: option {option!r} left out: {why}"
+        warnings.warn(message, stacklevel=4)
+        report.notes.append(message)
     if measured.inexact:
         report.notes.append(f"planner: lossless options changed gradients at {measured.inexact} (left out)")
     costs = [_without(c, {x.split(":")[1] for x in measured.inexact if x.startswith(c.name + ":")})

@@ -12,6 +12,7 @@ it predicts the units hold; the least of these estimates is taken.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 import warnings
@@ -47,6 +48,7 @@ class Profile:
     # per unit: the relative difference of its gradients between two plain (keep) steps: 0 where the device's
     # kernels are deterministic; lossless options are held to NOISE_MARGIN times it
     noise_floor: list[float] = dataclasses.field(default_factory=list)
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)  # option -> why it was not profiled
 
 
 def _sync(device: torch.device) -> None:
@@ -75,12 +77,17 @@ def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module]
     device = next(model.parameters()).device
     unit_params = [[p for p in m.parameters() if p.requires_grad] for _, m in planned.units]
     n = len(planned.units)
-    seconds, peaks, grads, kept = {}, {}, {}, {}
+    seconds, peaks, grads, kept, left_out = {}, {}, {}, {}, {}
     params = list(model.parameters())
     held = [p.grad for p in params]  # gradients being accumulated: given back untouched
     planned.measure = True
     try:
         for option in ("keep", *[o for o in options if o != "keep"]):
+            if option == "offload":
+                why = _host_short(sum(kept["keep"]))
+                if why:
+                    left_out[option] = why
+                    continue
             if progress is not None:
                 progress(option)
             planned.forced = option
@@ -130,7 +137,26 @@ def profile(model: nn.Module, planned: PlannedUnits, probe: Callable[[nn.Module]
             r.append(err)
             t.append(float(keep_kept[i]) if option == "checkpoint" else 0.0)
         costs.append(UnitCosts(name, tuple(names), tuple(b), tuple(s), tuple(r), tuple(t)))
-    return Profile(costs, base, tokens, inexact, peaks if device.type == "cuda" else {}, base_by_option, floor)
+    return Profile(costs, base, tokens, inexact, peaks if device.type == "cuda" else {}, base_by_option, floor,
+                   left_out)
+
+
+# Pinned host bytes an offload probe step may take per byte the units keep: the caching host allocator rounds
+# each block up to a power of two, and blocks of one step are not all free for the next.
+HOST_FACTOR = 2.5
+
+
+def _host_short(keep_bytes: float) -> str | None:
+    """Why the host cannot take every unit's tensors offloaded at once (None where it can or cannot tell)."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    need = HOST_FACTOR * keep_bytes
+    if need <= available:
+        return None
+    return (f"its probe would pin about {need / 2**30:,.1f} GiB of host memory (every unit offloaded, "
+            f"{HOST_FACTOR:g} x the {keep_bytes / 2**30:,.1f} GiB they keep) and {available / 2**30:,.1f} GiB is free")
 
 
 def _release_pinned() -> None:
