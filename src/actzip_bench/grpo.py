@@ -21,7 +21,7 @@ backward of that loss (no optimizer step), interleaved across strategies, median
 
 ``reward_steps > 0`` also trains the policy that many GRPO steps per strategy and seed on the addition task
 (:mod:`actzip_bench.data.arithmetic`) and records each step's mean reward per seed and the mean of the last half
-(:func:`plot` draws the curves).
+(:mod:`actzip_bench.grpo_plots` draws the curves).
 """
 
 from __future__ import annotations
@@ -376,29 +376,3 @@ def _rewards(cfg, device, runs, log) -> None:
             row["reward_per_seed"].append(sum(tail) / len(tail) if tail else float("nan"))
     for row in trained:
         row["reward"] = sum(row["reward_per_seed"]) / len(row["reward_per_seed"])
-
-
-def plot(record: dict, path) -> None:
-    """Reward per GRPO step, mean over seeds, one line per strategy (one PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in record["runs"]:
-        curves = r.get("reward_curves") or []
-        if not curves or not curves[0]:
-            continue
-        steps = min(len(c) for c in curves)
-        mean = [sum(c[i] for c in curves) / len(curves) for i in range(steps)]
-        ax.plot(range(1, steps + 1), mean, label=f"{r['strategy']} ({len(curves)} seeds)", linewidth=1)
-    c = record["config"]
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("mean reward")
-    policy = c.get("reward_preset", c["preset"])
-    ax.set_title(f"{policy} policy, addition task ({c.get('task_digits', 2)}-digit operands), {c['loss_type']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

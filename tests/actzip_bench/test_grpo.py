@@ -24,13 +24,13 @@ def test_quick_run_has_every_row_with_throughput_reward_and_a_plan():
 
 
 def test_offload_is_skipped_off_cuda_and_the_curves_plot(tmp_path):
-    from actzip_bench.grpo import plot
+    from actzip_bench.grpo_plots import plot_rewards
 
     cfg = dataclasses.replace(GRPOBenchConfig.quick(), strategies=("none", "offload"), rounds=1, warmup=0,
                               reward_steps=2, sft_steps=1)
     rec = run_grpo(cfg, torch.device("cpu"))
     assert "CUDA" in rec["skipped"]["offload"] and [r["strategy"] for r in rec["runs"]] == ["none"]
-    plot(rec, tmp_path / "curves.png")
+    plot_rewards(rec, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 

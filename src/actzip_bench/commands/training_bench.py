@@ -122,7 +122,8 @@ def _bench_grpo(args: argparse.Namespace) -> int:
 
     from pathlib import Path
 
-    from actzip_bench.grpo import GRPOBenchConfig, plot, run_grpo
+    from actzip_bench.grpo import GRPOBenchConfig, run_grpo
+    from actzip_bench.grpo_plots import plot_rewards, plot_throughput
     from actzip_bench.grpo_compile import describe_tried
 
     cfg = config_from_args(GRPOBenchConfig, args)
@@ -160,9 +161,12 @@ def _bench_grpo(args: argparse.Namespace) -> int:
     for s, why in record["skipped"].items():
         console.print(f"skipped {s}: {why}")
     write_json(record, args.json, console)
-    if args.json and cfg.reward_steps:
+    if args.json:
         png = Path(args.json).with_suffix(".png")
-        plot(record, png)
+        if cfg.reward_steps:
+            plot_rewards(record, png)
+        else:
+            plot_throughput(record, png)
         console.print(f"wrote {png}")
     return 0
 
@@ -191,7 +195,8 @@ def add_parsers(bench) -> None:
     gr.add_argument("--task-digits", type=int, dest="task_digits", help="operand digits of the trained sums (default 1)")
     gr.add_argument("--sft-steps", type=int, dest="sft_steps", help="supervised warm-up steps before GRPO (default 100)")
     gr.add_argument("--device")
-    gr.add_argument("--json", metavar="PATH", help="also writes PATH with .png (the reward curves) when training")
+    gr.add_argument("--json", metavar="PATH",
+                    help="also writes PATH with .png: the reward curves when training, else tokens/s against peak")
     gr.set_defaults(func=_bench_grpo)
     pb = bench.add_parser("presets", help="loss curves of the activation-cache presets on the reference GPT")
     pb.add_argument("--model", help="GPT preset (default tiny)")
