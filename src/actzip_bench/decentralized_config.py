@@ -12,8 +12,9 @@ from actzip_bench.models.gpt import GPTConfig
 
 __all__ = ["MASK", "METHODS", "TOPK_MASK", "TASKS", "TRIVIAL", "DecentralizedBenchConfig", "method_codecs", "method_circuits"]
 
-MASK = "mask:keep=0.125,mode=random+quant:bits=8"  # the fast circuit's boundary mask, both ways
-TOPK_MASK = "mask:keep=0.125,mode=topk+quant:bits=8"  # the largest eighth, positions as a bitmask
+MASK_KEEP = 0.125  # the masks' default keep (DecentralizedBenchConfig.mask_keep sets another)
+MASK = f"mask:keep={MASK_KEEP},mode=random+quant:bits=8"  # the fast circuit's boundary mask, both ways
+TOPK_MASK = f"mask:keep={MASK_KEEP},mode=topk+quant:bits=8"  # the largest eighth, positions as a bitmask
 # method -> (forward codec, backward codec, data-parallel sync, anchors + correction)
 METHODS = {
     "dense": ("none", "none", "allreduce", None),  # float32 everywhere: the loss reference
@@ -31,6 +32,9 @@ METHODS = {
     "topk-mask": (TOPK_MASK, TOPK_MASK, "bf16", None),
     "topk-mask+topk": (TOPK_MASK, TOPK_MASK, "topk", None),
     "two-circuit-topk-mask": (TOPK_MASK, TOPK_MASK, "topk", "shrinkage"),
+    # added after those: the mask on the gradients only (the forward in 8 bits), so that the model's function is
+    # what it computes unmasked and only its gradients are noisier
+    "mask-backward": ("quant:bits=8", MASK, "bf16", None),
 }
 TRIVIAL = ("bf16", "int8", "int4", "delta")  # the baselines a user would otherwise pick
 TASKS = {"domain": "prose", "continual": "code_late"}  # task -> corpus trained on after pretraining on code_early
@@ -57,6 +61,7 @@ class DecentralizedBenchConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     links: tuple[tuple[float, float], ...] = ((200.0, 50.0), (80.0, 50.0))  # (Mbps, one-way ms) of every link
     topk_keep: float = 0.01  # top-k data-parallel sync: fraction sent
+    mask_keep: float = 0.125  # fraction of the elements the boundary masks keep (the random and the top-k one)
     diloco_steps: int = 10  # DiLoCo outer step every this many steps (4-bit pseudo-gradient)
     anchor_every: int = 8  # anchor launches every this many steps
     anchor_delay: int = 2  # steps after launch at which an anchor is due
@@ -80,6 +85,8 @@ class DecentralizedBenchConfig:
             raise ConfigError(f"bench decentralized: stages must be in [2, n_layer={self.n_layer}], got {self.stages}")
         if self.replicas < 1:
             raise ConfigError(f"bench decentralized: replicas must be >= 1, got {self.replicas}")
+        if isinstance(self.mask_keep, bool) or not 0.0 < self.mask_keep <= 1.0:
+            raise ConfigError(f"bench decentralized: mask_keep must be a fraction in (0, 1], got {self.mask_keep!r}")
         if self.batch_size % self.microbatches:
             raise ConfigError(f"bench decentralized: batch_size {self.batch_size} is not a multiple of microbatches "
                               f"{self.microbatches}")
@@ -95,10 +102,12 @@ class DecentralizedBenchConfig:
                                  n_head=max(1, self.n_embd // 32))
 
 
-def method_codecs(method: str) -> tuple[str, str]:
-    """The forward and backward codec specs of ``method``'s pipeline boundaries."""
+def method_codecs(method: str, cfg: DecentralizedBenchConfig | None = None) -> tuple[str, str]:
+    """The forward and backward codec specs of ``method``'s pipeline boundaries (masks at ``cfg.mask_keep``)."""
     fwd, bwd, _, _ = METHODS[method]
-    return fwd, bwd
+    keep = MASK_KEEP if cfg is None else cfg.mask_keep
+    at = lambda spec: spec.replace(f"keep={MASK_KEEP}", f"keep={keep:g}")  # noqa: E731
+    return at(fwd), at(bwd)
 
 
 def method_circuits(method: str, cfg: DecentralizedBenchConfig) -> TwoCircuitConfig:

@@ -49,7 +49,7 @@ def run_one(mesh: Mesh, cfg: DecentralizedBenchConfig, states: list, corpus, see
     module = stages[mesh.stage]
     module.load_state_dict(states[mesh.stage])
     module.to(device)
-    fwd, bwd = method_codecs(method)
+    fwd, bwd = method_codecs(method, cfg)
     pcfg = PipelineConfig(schedule=cfg.schedule, microbatches=cfg.microbatches, fwd_codec=fwd, bwd_codec=bwd, lr=cfg.lr,
                           seed=seed, timeout_s=cfg.timeout_s)
     tc = TwoCircuit(module, mesh, pcfg, method_circuits(method, cfg))

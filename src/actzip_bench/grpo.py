@@ -76,6 +76,9 @@ class GRPOBenchConfig:
     grpo_lr: float = 1e-4  # learning rate of the GRPO steps (TRL's default, 1e-6, barely moves a small policy)
     seeds: int = 1  # training runs per strategy
     seed: int = 0  # synthetic batch and initialization
+    # torch.compile backend of the compile row: "aot_eager_decomp_partition" partitions (and so applies
+    # activation_memory_budget) as inductor does, without generating code: a quick check of the row's plumbing
+    compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
         for name in ("preset", "reward_preset"):
@@ -224,7 +227,7 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None, log=None
     try:
         compiled = None
         if "compile" in trainers:
-            compiled = _compiled(trainers["compile"], batch, budget, device, log)
+            compiled = _compiled(trainers["compile"], cfg, batch, budget, device, log)
         for s in PLANNED:
             if s in trainers:
                 log(f"{s}: profiling every option of every unit, then solving")
@@ -253,7 +256,7 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None, log=None
             "planner_timing": planner_timing(), "machine": machine_record(device)}
 
 
-def _compiled(trainer, batch, limit: int | None, device: torch.device, log):
+def _compiled(trainer, cfg, batch, limit: int | None, device: torch.device, log):
     """Compile the trainer's policy at the largest budget within ``limit`` (checkpointing's peak, CUDA)."""
     from actzip_bench.grpo_compile import compile_within
 
@@ -262,7 +265,8 @@ def _compiled(trainer, batch, limit: int | None, device: torch.device, log):
             p.grad = None
         trainer._compute_loss(m, dict(batch)).backward()
 
-    kept = compile_within(trainer.model, step, limit if device.type == "cuda" else None, device, log=log)
+    kept = compile_within(trainer.model, step, limit if device.type == "cuda" else None, device, log=log,
+                          backend=cfg.compile_backend)
     trainer.model = kept.model
     return kept
 

@@ -38,7 +38,7 @@ def _peak_of(step, model, device: torch.device) -> int | None:
 
 
 def compile_within(model, step, limit_bytes: int | None, device: torch.device,
-                   budgets: tuple[float, ...] = BUDGETS, log=None) -> CompiledPolicy:  # fmt: skip
+                   budgets: tuple[float, ...] = BUDGETS, log=None, backend: str = "inductor") -> CompiledPolicy:
     """Compile weight-sharing copies of ``model`` under each budget in turn (``step(copy)`` runs one update:
     the first compiles it) and keep the first whose update peak is ``<= limit_bytes`` (else the last tried).
 
@@ -57,7 +57,7 @@ def compile_within(model, step, limit_bytes: int | None, device: torch.device,
         torch._dynamo.reset()
         functorch_config.activation_memory_budget = b
         twin = shared_copy(model)
-        twin.forward = torch.compile(twin.forward)
+        twin.forward = torch.compile(twin.forward, backend=backend)
         step(twin)  # compiles
         peak = _peak_of(step, twin, device)
         tried.append({"budget": b, "peak_bytes": peak})
