@@ -70,15 +70,42 @@ def find_blocks(path: Path) -> list[Block]:
     return out
 
 
+_zygote = None  # the example_zygote.Zygote of this session, started at the first example
+
+
+def _zygote_for(src: Path):
+    global _zygote
+    if _zygote is None and hasattr(os, "fork"):
+        import atexit
+
+        from example_zygote import Zygote
+
+        _zygote = Zygote(src)
+        atexit.register(_zygote.close)
+    return _zygote
+
+
 def run_python(block: Block, src: Path, cwd: Path, timeout: float) -> str | None:
-    """Run the block in a fresh interpreter (``PYTHONPATH`` = ``src``, in ``cwd``); None, or why it failed."""
+    """Run the block as a fresh interpreter would (``PYTHONPATH`` = ``src``, in ``cwd``): forked from a process
+    that has imported torch and actzip (example_zygote), or a new interpreter where there is no fork; None, or
+    why it failed."""
+    late = (f"did not finish within {timeout:.0f} s (a long example needs `<!-- example: slow -->` before its "
+            "fence)")
+    zygote = _zygote_for(src)
+    if zygote is not None:
+        out = cwd / ".example-output"
+        rc = zygote.run(block.code, cwd, out, timeout)
+        text = out.read_text(errors="replace") if out.exists() else ""
+        out.unlink(missing_ok=True)
+        if rc is None:
+            return late
+        return f"exited {rc}:\n{text[-3000:]}" if rc else None
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     try:
         r = subprocess.run([sys.executable, "-c", block.code], cwd=cwd, env=env, capture_output=True, text=True,
                            timeout=timeout)
     except subprocess.TimeoutExpired:
-        return (f"did not finish within {timeout:.0f} s (a long example needs `<!-- example: slow -->` before "
-                "its fence)")
+        return late
     if r.returncode:
         return f"exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}"
     return None

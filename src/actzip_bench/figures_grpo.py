@@ -13,8 +13,8 @@ RUNS = ("results/h200/grpo-1b-1024.json", "results/h200/grpo-1b-2048.json")
 
 
 def grpo_h200(root: Path) -> str:
-    lines = ["| completions (tokens) | checkpoint tokens/s | planner tokens/s | planner vs checkpoint | planner peak vs "
-             "checkpoint's | best baseline within that peak | fastest baseline (its peak vs checkpoint's) | planner vs "
+    lines = ["| completions (tokens) | checkpoint tokens/s | planner tokens/s | planner vs checkpoint | "
+             "planner peak vs checkpoint's | best baseline within that peak | fastest baseline (its peak vs checkpoint's) | planner vs "
              "fastest | plan alone (zero-advantage sequences kept) |",
              "|---|---:|---:|---:|---:|---|---|---:|---:|"]
     gains, over_fastest, misses = [], [], []

@@ -1,0 +1,44 @@
+"""docs/wire.md figure of the boundary masks' keep against their loss (see :mod:`actzip_bench.figures`): one
+``bench decentralized`` run per keep, the same methods, tasks and seeds in each; per task, method and keep the
+final loss against dense's and the pipeline bytes against the bf16 wire's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from actzip_bench.figure_helpers import cite, load, pct
+
+KEEPS = ("0.125", "0.25", "0.5")
+RUNS = tuple(f"results/cpu/decentralized-keep-{k}.json" for k in KEEPS)
+MASKED = ("mask", "topk-mask", "mask-backward")
+
+
+def mask_keep(root: Path) -> str:
+    recs = [load(root, rel) for rel in RUNS]
+    c = recs[0]["config"]
+    lines = ["| task | method | " + " | ".join(f"keep {float(k):g}: loss vs dense, pipeline bytes vs bf16"
+                                                for k in KEEPS) + " |",
+             "|---|---|" + "---:|" * len(KEEPS)]
+    closest = None
+    for task in c["tasks"]:
+        for method in MASKED:
+            cells = []
+            for k, rec in zip(KEEPS, recs):
+                by = {a["method"]: a for a in rec["aggregate"] if a["task"] == task}
+                a, bf16 = by[method], by["bf16"]
+                lo, hi = a["final_loss_range"]
+                dense = by["dense"]["final_loss"]
+                ratio = bf16["pp_bytes_per_step"] / a["pp_bytes_per_step"]
+                cells.append(f"{pct(a['loss_vs_dense'])} ({pct(lo / dense - 1)} to {pct(hi / dense - 1)}), "
+                             f"{ratio:.2f}x fewer")
+                if closest is None or a["loss_vs_dense"] < closest[0]:
+                    closest = (a["loss_vs_dense"], task, method, k, ratio)
+            lines.append(f"| {task} | {method} | " + " | ".join(cells) + " |")
+    gap, task, method, k, ratio = closest
+    lines += ["", f"{len(c['seeds'])} seeds each, `--quick` model and steps; of the {len(MASKED) * len(KEEPS)} "
+              f"masked settings per task the closest to dense is {method} at keep {float(k):g} on the {task} task: "
+              f"{pct(gap)} at {ratio:.2f}x fewer pipeline bytes than bf16 {cite(*RUNS)}."]
+    return "\n".join(lines)
+
+
+RENDERERS = {"wire-mask-keep": mask_keep}
