@@ -15,6 +15,8 @@ __all__ = ["MASK", "METHODS", "TOPK_MASK", "TASKS", "TRIVIAL", "DecentralizedBen
 MASK_KEEP = 0.125  # the masks' default keep (DecentralizedBenchConfig.mask_keep sets another)
 MASK = f"mask:keep={MASK_KEEP},mode=random+quant:bits=8"  # the fast circuit's boundary mask, both ways
 TOPK_MASK = f"mask:keep={MASK_KEEP},mode=topk+quant:bits=8"  # the largest eighth, positions as a bitmask
+# half the kept elements the largest, half drawn from the rest and rescaled: unbiased, less variance than random
+SPLIT_MASK = f"mask:keep={MASK_KEEP},mode=topk-random+quant:bits=8"
 # method -> (forward codec, backward codec, data-parallel sync, anchors + correction)
 METHODS = {
     "dense": ("none", "none", "allreduce", None),  # float32 everywhere: the loss reference
@@ -35,6 +37,8 @@ METHODS = {
     # added after those: the mask on the gradients only (the forward in 8 bits), so that the model's function is
     # what it computes unmasked and only its gradients are noisier
     "mask-backward": ("quant:bits=8", MASK, "bf16", None),
+    # and after the keep sweep: the gradient-only mask with the largest half kept exactly
+    "split-mask-backward": ("quant:bits=8", SPLIT_MASK, "bf16", None),
 }
 TRIVIAL = ("bf16", "int8", "int4", "delta")  # the baselines a user would otherwise pick
 TASKS = {"domain": "prose", "continual": "code_late"}  # task -> corpus trained on after pretraining on code_early

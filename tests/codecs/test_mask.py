@@ -191,3 +191,47 @@ def test_random_positions_are_distinct_uniform_and_the_same_from_an_int_or_a_ten
     # each position kept with probability k / n: counts ~ Binomial(seeds, 1/4), sd ~ 19.4; 5 sd either side
     expected = seeds * k / n
     assert float((counts - expected).abs().max()) < 5 * (seeds * (k / n) * (1 - k / n)) ** 0.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,keep", [(1000, 0.25), (37, 0.1), (5, 1.0), (3, 0.01)])
+def test_topk_random_keeps_the_largest_half_exactly_and_draws_the_rest(dtype, n, keep):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+    c = MaskCodec(keep=keep, mode="topk-random", seed=2)
+    p = c.encode(x)
+    y = c.decode(p)
+    k = kept_count(n, keep)
+    top = x.float().abs().topk(k // 2).indices
+    assert torch.equal(y[top], x[top])  # the largest half comes back bit-exact
+    assert int((y != 0).sum()) <= k and p.nbytes == c.payload_nbytes(n, x.element_size())
+    drawn = (y != 0) & ~torch.isin(torch.arange(n), top)
+    scale = (n - k // 2) / (k - k // 2)
+    assert torch.equal(y[drawn], (x[drawn].float() * scale).to(dtype))  # the drawn ones rescaled, nothing else
+    if keep == 1.0:
+        assert torch.equal(y, x)
+
+
+def test_topk_random_is_unbiased_with_less_variance_than_random_on_heavy_tails():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, generator=g) * torch.rand(64, generator=g).pow(4) * 10  # a few large, many small
+    c, plain = MaskCodec(keep=0.25, mode="topk-random", seed=3), MaskCodec(keep=0.25, seed=3)
+    n = 4000
+    draws = torch.stack([c.decode(c.encode(x)) for _ in range(n)])
+    mean = draws.mean(0)
+    k, r = 16, 64 - 8
+    std = x.abs() * (r / (k - 8) - 1) ** 0.5 / n**0.5  # per element (0 for the largest eighth)
+    assert ((mean - x).abs() < 5 * std + 1e-6).all()
+    assert c.unbiased
+    spread = lambda codec: sum(float((codec.decode(codec.encode(x)) - x).square().sum()) for _ in range(500))  # noqa: E731
+    assert spread(c) < 0.5 * spread(plain)
+
+
+def test_topk_random_decodes_on_its_own_and_has_no_structure():
+    x = torch.randn(300)
+    p = MaskCodec(keep=0.2, mode="topk-random", seed=9).encode(x)
+    assert torch.equal(MaskCodec(keep=0.2, mode="topk-random").decode(p),
+                       MaskCodec(keep=0.2, mode="topk-random", seed=9).decode(p))  # the payload carries its seed
+    assert MaskCodec(keep=0.5, mode="topk-random").decode(MaskCodec(keep=0.5, mode="topk-random").encode(
+        torch.zeros(0, 8))).shape == (0, 8)
+    with pytest.raises(ConfigError, match="topk-random"):
+        MaskCodec(keep=0.5, mode="topk-random", structure="token")

@@ -11,6 +11,11 @@ Over the tensor's ``n`` elements in memory order, ``k = max(1, round(keep * n))`
 - ``mode="topk"``: the ``k`` elements of largest magnitude. Their positions are sent as a bitmask (``n / 8``
   bytes) or as int32 indices (``4 k`` bytes), whichever is smaller. Biased (small values are always lost), so
   ``rescale`` is off by default; the kept values come back exactly.
+- ``mode="topk-random"``: the ``k // 2`` largest exactly (their positions as a bitmask), and ``k - k // 2`` of
+  the other ``r = n - k // 2`` drawn as ``random`` draws them (from a seed, among the others in increasing
+  position order), multiplied by ``r / (k - k // 2)`` on decode (``rescale``, on by default). Unbiased, and the
+  variance is only the small elements': ``x_j**2 * (r / (k - k // 2) - 1)`` for each element not among the
+  largest, 0 for those. Per element only (no ``structure``).
 
 ``structure`` chooses what is kept or dropped whole: ``"element"`` (the default: single elements, as above),
 ``"channel"`` (columns of the tensor seen as ``[rows, channels]``, its last dimension: ``k`` of the channels,
@@ -25,7 +30,8 @@ Format (buffers):
 - ``values``: the kept values in ``x``'s dtype, bit-exact (for ``topk`` in increasing position order);
 - ``seed`` (random): int64 ``[1]``, the seed of this encode's positions: ``derive_seed(seed, i)`` for the
   ``i``-th encode of the codec, as for ``sketch``;
-- ``mask`` (topk, when smaller): uint8 ``[ceil(n / 8)]``, little-endian bits as in :mod:`actzip.codecs.bitpack`;
+- ``mask`` (topk when smaller, topk-random always): uint8 ``[ceil(n / 8)]``, little-endian bits as in
+  :mod:`actzip.codecs.bitpack` (topk-random: the largest' positions; its ``seed`` draws the others);
 - ``index`` (topk, otherwise): int32 ``[k]``, increasing;
 - ``finite`` (``check=False`` only): uint8 ``[1]``, 0 when ``x`` holds inf or NaN; the whole tensor then
   decodes to NaN, never to finite numbers that hide the fault.
@@ -49,7 +55,7 @@ from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
 from actzip.errors import ConfigError, InvalidValueError, PayloadError
 
-MASK_MODES = ("random", "topk")
+MASK_MODES = ("random", "topk", "topk-random")
 MASK_STRUCTURES = ("element", "channel", "token")
 
 
@@ -89,16 +95,25 @@ def random_positions(n: int, k: int, seed, device: torch.device | str | None = N
     return torch.topk(x, k, largest=False, sorted=False).indices.sort().values
 
 
+def _drawn_others(top_bits: torch.Tensor, others: int, k: int, seed) -> torch.Tensor:
+    """topk-random's drawn positions: ``k`` of the ``others`` positions not set in ``top_bits`` (in increasing
+    order), as a random mask with ``seed`` draws them (sizes known in advance: no host sync)."""
+    rest = torch.nonzero_static(~top_bits, size=others).reshape(-1)
+    return rest[random_positions(others, k, seed, top_bits.device)]
+
+
 @register_codec("mask")
 class MaskCodec(Codec):
     """Keep a fraction of the elements (random or largest). See the module docstring for the format.
 
     Options:
       keep: fraction of the elements kept, in (0, 1].
-      mode: ``"random"`` (positions from a seed; 8 bytes of mask) or ``"topk"`` (largest magnitudes;
-        positions as a bitmask or int32 indices, whichever is smaller).
-      rescale: multiply kept values by ``n / k`` on decode. ``None`` (default): on for ``random`` (then the codec
-        is unbiased), off for ``topk`` (where it would only inflate the largest values).
+      mode: ``"random"`` (positions from a seed; 8 bytes of mask), ``"topk"`` (largest magnitudes; positions
+        as a bitmask or int32 indices, whichever is smaller) or ``"topk-random"`` (half the largest exactly,
+        half drawn from the rest; a bitmask and a seed).
+      rescale: multiply kept values by ``n / k`` on decode (topk-random: the drawn ones by ``r / (k - k // 2)``).
+        ``None`` (default): on for ``random`` and ``topk-random`` (then the codec is unbiased), off for ``topk``
+        (where it would only inflate the largest values).
       seed: base seed of the random positions (``None`` means 0); a fresh derived seed per encode.
       check: refuse inf/NaN (one host sync per encode); without it a tensor holding them decodes to all NaN.
       structure: ``"element"``, ``"channel"`` (whole columns of the last dimension) or ``"token"`` (whole rows).
@@ -132,10 +147,12 @@ class MaskCodec(Codec):
         self.structure = structure
         self.keep = float(keep)
         self.mode = mode
-        self.rescale = (mode == "random") if rescale is None else rescale
+        if mode == "topk-random" and structure != "element":
+            raise ConfigError(f"mask: mode='topk-random' keeps single elements; it has no structure={structure!r}")
+        self.rescale = (mode != "topk") if rescale is None else rescale
         self.seed = seed
         self.check_values = bool(check)
-        self.unbiased = (mode == "random" and self.rescale) or self.keep == 1.0
+        self.unbiased = (mode != "topk" and self.rescale) or self.keep == 1.0
         self._count = 0
 
     def options(self) -> dict:
@@ -153,7 +170,7 @@ class MaskCodec(Codec):
             rows = n // channels
             units, width = (channels, rows) if self.structure == "channel" else (rows, channels)
         k = kept_count(units, self.keep)
-        where = 8 if self.mode == "random" else min((units + 7) // 8, 4 * k)
+        where = {"random": 8, "topk": min((units + 7) // 8, 4 * k), "topk-random": (units + 7) // 8 + 8}[self.mode]
         return k * width * itemsize + where + (0 if self.check_values else 1)
 
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
@@ -166,7 +183,10 @@ class MaskCodec(Codec):
         k = kept_count(n, self.keep)
         buffers: dict[str, torch.Tensor] = {}
         self._check_finite(flat, name)
-        pos = self._positions(n, k, flat.abs, x.device, buffers)
+        if self.mode == "topk-random":
+            pos = self._split_positions(flat, n, k, buffers)
+        else:
+            pos = self._positions(n, k, flat.abs, x.device, buffers)
         buffers["values"] = flat[pos].clone()
         if not self.check_values:
             buffers["finite"] = torch.isfinite(flat).all().to(torch.uint8).reshape(1)
@@ -185,10 +205,7 @@ class MaskCodec(Codec):
     def _positions(self, units: int, k: int, scores, device, buffers: dict) -> torch.Tensor:
         """The kept units' positions (random from a fresh seed, or the ``k`` largest ``scores()``), recorded."""
         if self.mode == "random":
-            seed = derive_seed(0 if self.seed is None else self.seed, self._count)
-            self._count += 1
-            buffers["seed"] = torch.tensor([seed], dtype=torch.int64, device=device)
-            return random_positions(units, k, seed, device)
+            return random_positions(units, k, self._next_seed(device, buffers), device)
         pos = torch.topk(scores(), k, sorted=False).indices.sort().values
         if (units + 7) // 8 <= 4 * k:
             bits = torch.zeros(units + (-units) % 8, dtype=torch.bool, device=device)
@@ -197,6 +214,22 @@ class MaskCodec(Codec):
         else:
             buffers["index"] = pos.to(torch.int32)
         return pos
+
+    def _next_seed(self, device, buffers: dict) -> torch.Tensor:
+        seed = derive_seed(0 if self.seed is None else self.seed, self._count)
+        self._count += 1
+        buffers["seed"] = torch.tensor([seed], dtype=torch.int64, device=device)
+        return buffers["seed"]
+
+    def _split_positions(self, flat: torch.Tensor, n: int, k: int, buffers: dict) -> torch.Tensor:
+        """topk-random: the ``k // 2`` largest (recorded as a bitmask), then the drawn others (from a fresh seed)."""
+        top_k = k // 2
+        top = torch.topk(flat.abs(), top_k, sorted=False).indices.sort().values
+        bits = torch.zeros(n + (-n) % 8, dtype=torch.bool, device=flat.device)
+        bits[top] = True
+        buffers["mask"] = pack_bool(bits)
+        seed = self._next_seed(flat.device, buffers)
+        return torch.cat([top, _drawn_others(bits[:n], n - top_k, k - top_k, seed)])
 
     def _encode_structured(self, x: torch.Tensor, name: str) -> Payload:
         if x.dim() == 0:
@@ -239,6 +272,10 @@ class MaskCodec(Codec):
         return out.reshape(shape)
 
     def _decoded_positions(self, p: Payload, units: int, k: int) -> torch.Tensor:
+        if p.meta["mode"] == "topk-random":
+            bits = unpack_bool(p.buffers["mask"], units)
+            top = torch.nonzero_static(bits, size=k // 2).reshape(-1)
+            return torch.cat([top, _drawn_others(bits, units - k // 2, k - k // 2, p.buffers["seed"])])
         if p.meta["mode"] == "random":
             return random_positions(units, k, p.buffers["seed"], p.device)
         if "mask" in p.buffers:
@@ -256,7 +293,11 @@ class MaskCodec(Codec):
             raise PayloadError(f"mask: payload holds {values.numel()} values where keep={p.meta['keep']} of "
                                f"{n} elements means {k}")
         pos = self._decoded_positions(p, n, k)
-        if p.meta["rescale"] and k:
+        if p.meta["rescale"] and p.meta["mode"] == "topk-random" and k:  # only the drawn part was sampled
+            top_k = k // 2
+            drawn = (values[top_k:].to(work_dtype(p.dtype)) * ((n - top_k) / (k - top_k))).to(p.dtype)
+            values = torch.cat([values[:top_k], drawn])
+        elif p.meta["rescale"] and k:
             values = (values.to(work_dtype(p.dtype)) * (n / k)).to(p.dtype)
         out = torch.zeros(n, dtype=p.dtype, device=p.device)
         out[pos] = values
