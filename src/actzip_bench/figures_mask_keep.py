@@ -10,11 +10,14 @@ from actzip_bench.figure_helpers import cite, load, pct
 
 KEEPS = ("0.125", "0.25", "0.5")
 RUNS = tuple(f"results/cpu/decentralized-keep-{k}.json" for k in KEEPS)
-MASKED = ("mask", "topk-mask", "mask-backward")
+# run after the first sweep, for the method added after it: the same protocol, its own files
+SPLIT_RUNS = tuple(f"results/cpu/decentralized-split-keep-{k}.json" for k in KEEPS)
+MASKED = ("mask", "topk-mask", "mask-backward", "split-mask-backward")
 
 
 def mask_keep(root: Path) -> str:
     recs = [load(root, rel) for rel in RUNS]
+    splits = [load(root, rel) for rel in SPLIT_RUNS]
     c = recs[0]["config"]
     lines = ["| task | method | " + " | ".join(f"keep {float(k):g}: loss vs dense, pipeline bytes vs bf16"
                                                 for k in KEEPS) + " |",
@@ -23,8 +26,10 @@ def mask_keep(root: Path) -> str:
     for task in c["tasks"]:
         for method in MASKED:
             cells = []
-            for k, rec in zip(KEEPS, recs):
+            for k, rec, split in zip(KEEPS, recs, splits):
                 by = {a["method"]: a for a in rec["aggregate"] if a["task"] == task}
+                if method not in by:  # in the later run, beside its own dense and bf16
+                    by = {a["method"]: a for a in split["aggregate"] if a["task"] == task}
                 a, bf16 = by[method], by["bf16"]
                 lo, hi = a["final_loss_range"]
                 dense = by["dense"]["final_loss"]
@@ -37,7 +42,7 @@ def mask_keep(root: Path) -> str:
     gap, task, method, k, ratio = closest
     lines += ["", f"{len(c['seeds'])} seeds each, `--quick` model and steps; of the {len(MASKED) * len(KEEPS)} "
               f"masked settings per task the closest to dense is {method} at keep {float(k):g} on the {task} task: "
-              f"{pct(gap)} at {ratio:.2f}x fewer pipeline bytes than bf16 {cite(*RUNS)}."]
+              f"{pct(gap)} at {ratio:.2f}x fewer pipeline bytes than bf16 {cite(*RUNS, *SPLIT_RUNS)}."]
     return "\n".join(lines)
 
 
