@@ -26,7 +26,7 @@ def grpo_h200(root: Path) -> str:
         if checks:
             misses.append(checks[0][1] / checks[0][0] - 1)
         over_fastest.append(vs_fast)
-        alone = pct(s.gain(s.no_drop, s.checkpoint)) if s.no_drop else "no plan fits"
+        alone = pct(s.gain(s.no_drop, s.checkpoint)) if s.no_drop else (s.no_drop_cell() or "not run")
         lines.append(
             f"| ≤ {s.completion_len} ({s.tokens:,}) | {s.checkpoint['tokens_per_s']:,.0f} | "
             f"{s.planner['tokens_per_s']:,.0f} | {pct(gain)} | {times(s.peak_ratio(s.planner))} | "

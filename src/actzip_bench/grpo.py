@@ -245,8 +245,7 @@ def run_grpo(cfg: GRPOBenchConfig, device: torch.device, progress=None, log=None
     for s, r in results.items():
         runs.append({"strategy": s, **r.summary(), "tokens": tokens, "tokens_per_s": tokens / (r.median_ms / 1e3),
                      "time_vs_none": r.median_ms / results["none"].median_ms,
-                     "plan": _plan_table(trainers[s]) if s in PLANNED else None,
-                     "plan_checks": _plan_checks(trainers[s]) if s in PLANNED else None,
+                     **(_plan_fields(trainers[s]) if s in PLANNED else {"plan": None, "plan_checks": None}),
                      "compile_budgets": compiled.tried if s == "compile" else None,
                      "compile_budget": compiled.budget if s == "compile" else None})
     if cfg.reward_steps:
@@ -323,23 +322,15 @@ def _planner_budget(cfg, model, batch, device) -> int:
     return max(int(counter.last.bytes_before) // 2, 1)
 
 
-def _plan_table(trainer) -> str | None:
+def _plan_fields(trainer) -> dict:
+    """The plan's table and its peak checks ([predicted, measured] per probe step that checked it, CUDA)."""
     from actzip.memory.planner import plan_of
 
     try:
-        return plan_of(trainer.model).table()
+        plan = plan_of(trainer.model)
     except ConfigError:
-        return None
-
-
-def _plan_checks(trainer) -> list | None:
-    """The plan's [predicted, measured] peak of each probe step that checked it (CUDA)."""
-    from actzip.memory.planner import plan_of
-
-    try:
-        return plan_of(trainer.model).checks
-    except ConfigError:
-        return None
+        return {"plan": None, "plan_checks": None}
+    return {"plan": plan.table(), "plan_checks": plan.checks}
 
 
 def _rewards(cfg, device, runs, log) -> None:

@@ -18,8 +18,14 @@ class GRPOSummary:
     planner: dict | None  # the planner's row
     no_drop: dict | None  # planner-no-drop's row
     no_drop_skipped: str | None  # why planner-no-drop did not run
-    fitting: dict | None  # the fastest other baseline whose peak is at most checkpointing's (not the planner)
-    fastest: dict | None  # the fastest other baseline at any peak
+    fitting: dict  # the fastest baseline (checkpointing among them) whose peak is at most checkpointing's
+    fastest: dict  # the fastest baseline at any peak (checkpointing among them)
+
+    def no_drop_cell(self) -> str | None:
+        """What became of planner-no-drop when it has no row: its budget fits no plan, or why it did not run."""
+        if self.no_drop is not None or self.no_drop_skipped is None:
+            return None
+        return "no plan fits" if "smallest feasible peak" in self.no_drop_skipped else "not run"
 
     def gain(self, row: dict | None, over: dict | None) -> float | None:
         """``row``'s tokens/s over ``over``'s, less one."""

@@ -21,4 +21,10 @@ def test_checkpointing_is_the_best_within_its_peak_when_nothing_else_fits_and_a_
                        {"planner-no-drop": "no plan fits"}))
     assert s.fitting["strategy"] == "checkpoint" and s.fastest["strategy"] == "none"
     assert s.no_drop is None and s.no_drop_skipped == "no plan fits"
+    assert s.no_drop_cell() == "not run"  # a reason other than the budget
+    s = summarize(_rec([("checkpoint", 20, 100), ("planner", 50, 95)],
+                       {"planner-no-drop": "planner: budget_bytes=1 is below the smallest feasible peak 2 bytes"}))
+    assert s.no_drop_cell() == "no plan fits"
+    s = summarize(_rec([("checkpoint", 20, 100), ("planner", 50, 95), ("planner-no-drop", 21, 100)]))
+    assert s.no_drop_cell() is None
     assert s.gain(None, s.checkpoint) is None

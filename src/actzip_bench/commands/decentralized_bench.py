@@ -62,9 +62,8 @@ def add_parsers(bench) -> None:
     db.add_argument("--lr", type=float)
     db.add_argument("--mask-keep", type=float, dest="mask_keep",
                     help="fraction of the elements the boundary masks keep (default 0.125)")
-    db.add_argument("--methods", help="comma-separated methods (default all: dense, bf16, int8, int4, delta, "
-                    "powersgd, mask, mask+topk, mask+diloco, two-circuit, two-circuit-projection, topk-mask, "
-                    "topk-mask+topk, two-circuit-topk-mask, mask-backward, split-mask-backward)")
+    db.add_argument("--methods", help="comma-separated methods (default all; docs/wire.md lists them, an unknown "
+                    "name is refused with the list)")
     db.add_argument("--tasks", help="comma-separated tasks: domain, continual (default both)")
     db.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
     db.add_argument("--json", help="write the record here (and a plot next to it)")

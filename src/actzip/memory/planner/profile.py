@@ -6,7 +6,8 @@ are the same block); its risk is the relative error of the unit's own parameter 
 (0 for the lossless options, which are checked: bit-identical where two plain steps are, else within ten
 times the difference between two plain steps, which non-deterministic GPU kernels make nonzero). What the
 step holds besides the units (parameters' gradients, the loss head's tensors) is each option's peak less what
-it predicts the units hold; the least of these estimates is taken.
+it predicts the units hold; the least of these estimates is taken. The offload option is left out, with the
+reason (``Profile.left_out``), where the host's free memory cannot pin what every unit keeps at once.
 """
 
 from __future__ import annotations
