@@ -19,7 +19,9 @@ encoder every caller runs (the codec and the fused MLPs), puts these passes toge
 reservation and sign packing between them.
 
 :func:`decompress_kernel` rebuilds the raw bits, one tile per program, through :func:`load_tile_bits`, a
-``@triton.jit`` helper that other kernels can call to read one tile of a payload without a dense copy.
+``@triton.jit`` helper that other kernels can call to read one tile of a payload without a dense copy. It
+loads each stored value on its own (``values[base + rank]``); :func:`decompress` can run instead the decoder of
+:mod:`actzip.kernels.sparse_decode` (``variant="run"``), which reads a tile's values as one contiguous run.
 
 Python entry points: :func:`count` and :func:`compact` (the two passes) and :func:`decompress`. The PyTorch
 codec ``actzip.codecs.get("sparse", kernel="torch")`` is the oracle: both make the same buffers bit for bit.
@@ -32,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from actzip.errors import ConfigError
+from actzip.kernels import sparse_decode
 from actzip.kernels.runtime import missing_triton
 from actzip.kernels.sparse_launch import (
     DEFAULT_TILE_SIZE,
@@ -51,8 +54,8 @@ try:  # Triton is optional: the kernels need it, the rest of actzip does not
 except ImportError as e:
     raise missing_triton(e) from e
 
-__all__ = ["INTERPRETED", "TileCounts", "compact", "compact_kernel", "count", "count_kernel", "decompress",
-           "decompress_kernel", "load_relu", "load_tile_bits", "relu_bits"]
+__all__ = ["DECODE_VARIANTS", "INTERPRETED", "TileCounts", "compact", "compact_kernel", "count", "count_kernel",
+           "decompress", "decompress_kernel", "load_relu", "load_tile_bits", "relu_bits"]
 
 # -- device code ------------------------------------------------------------------------------------------
 
@@ -325,6 +328,7 @@ class TileCounts(NamedTuple):
 
 
 RELU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what relu=True takes
+DECODE_VARIANTS = ("gather", "run")  # decompress's decoders: values loaded one by one, or as a run per tile
 
 
 def _relu_source(src: torch.Tensor, n: int) -> torch.Tensor:
@@ -429,13 +433,20 @@ def decompress(
     sign_pack: bool = False,
     out: torch.Tensor | None = None,
     values_offset: torch.Tensor | None = None,
+    *,
+    variant: str = "gather",
 ) -> torch.Tensor:
     """Decode ``n`` elements from sparse buffers into the raw bits (1-D, the integer view of ``dtype``).
 
     ``dtype``: the encoded tensor's dtype or its integer view. ``out``: optional contiguous 1-D buffer of at
     least ``n`` elements of that integer dtype. ``values_offset``: one-element int64 device tensor, where the
-    payload's values start in ``values`` (default 0). No host synchronization.
+    payload's values start in ``values`` (default 0). ``variant``: the decoder, one of
+    :data:`DECODE_VARIANTS`: ``"gather"`` (:func:`decompress_kernel`) or ``"run"``
+    (:func:`actzip.kernels.sparse_decode.decode_run`, with its default knobs); sign-packed payloads, and masks
+    not 4-byte aligned, always take ``"gather"``. Both give the same bits. No host synchronization.
     """
+    if variant not in DECODE_VARIANTS:
+        raise ConfigError(f"sparse decompress: variant must be one of {DECODE_VARIANTS}, got {variant!r}")
     check_tile_size(tile_size)
     view = bits_dtype(dtype)
     width = value_width(view, sign_pack)
@@ -450,9 +461,13 @@ def decompress(
             f"sparse buffers too small for {n} elements in tiles of {tile_size}: mask has {mask.numel()} bytes, "
             f"tile_offsets {tile_offsets.numel()} entries"
         )
-    if n_tiles:
+    base = values_base(values_offset, dev)
+    run = variant == "run" and not sign_pack and values.element_size() == out.element_size()
+    if n_tiles and run and sparse_decode.run_supported(mask):
+        sparse_decode.decode_run(mask, tile_offsets, values.view(view), base, out, n, tile_size)
+    elif n_tiles:
         decompress_kernel[(n_tiles,)](
-            mask, tile_offsets, values, values_base(values_offset, dev), out, n,
+            mask, tile_offsets, values, base, out, n,
             T=tile_size, WIDTH=width, SIGN_PACK=sign_pack, num_warps=num_warps(tile_size),
         )  # fmt: skip
     return out

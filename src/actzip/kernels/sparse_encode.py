@@ -12,19 +12,11 @@ its output:
   :mod:`actzip.kernels.sparse_signpack` after it. Reading ``h`` twice was measured faster on an H200 than
   reading it once through the single-pass kernel (0.52 against 0.83 ms for 256M bf16 elements at density
   0.5): the count pass runs at copy speed, and the compaction's layout is the better one;
-- one pass (:func:`encode_kernel`, no sign packing, into a given buffer or an arena): every program reads its
-  tile once, publishes the tile's stored size, and learns the sizes of all earlier tiles with a *decoupled
-  look-back* (Merrill and Garland's single-pass prefix scan, as in CUB): each tile keeps a status word in
-  global memory,
-
-      0                       not yet published,
-      AGGREGATE | size        the tile's own size,
-      INCLUSIVE | prefix      the sum of the sizes of this tile and every tile before it,
-
-  and a tile scans the status words of its predecessors, a window of ``LOOKBACK`` at a time, summing
-  aggregates until it meets an inclusive prefix. Tiles take their index from an atomic ticket, not from
-  ``program_id``, so every tile a program waits for has already started: no deadlock, whatever order the
-  GPU schedules programs in.
+- one pass (:mod:`actzip.kernels.sparse_encode_single`: no sign packing, into a given buffer or an arena):
+  every program reads its input once, publishes its stored size, and learns the sizes of everything before
+  it with a *decoupled look-back*; :func:`encode_kernel`, one tile per program, unless ``one_pass`` picks
+  the knobs of the super-tile kernel (:class:`OnePass`: tiles per program, a persistent grid, layout, warps,
+  look-back window).
 
 With an arena, values go into its buffer at its cursor: the reservation moves the cursor and the statistics
 (refusals counted, the step's overflow flag raised) and sets the ``ok`` flag, and values are written only where
@@ -41,16 +33,15 @@ from typing import NamedTuple
 import torch
 
 from actzip.errors import ConfigError
-from actzip.kernels import sparse, sparse_signpack
+from actzip.kernels import sparse, sparse_encode_single, sparse_signpack
 from actzip.kernels.runtime import missing_triton
-from actzip.kernels.sparse import RELU_DTYPES, load_relu
+from actzip.kernels.sparse import RELU_DTYPES
+from actzip.kernels.sparse_encode_single import ONE_F32_BITS, OnePass, encode_kernel, reserve
 from actzip.kernels.sparse_launch import (
     DEFAULT_TILE_SIZE,
-    TL_BITS,
     bits_dtype,
     check_bits,
     check_tile_size,
-    num_warps,
     value_width,
     values_base,
 )
@@ -61,74 +52,10 @@ try:  # Triton is optional: the kernels need it, the rest of actzip does not
 except ImportError as e:
     raise missing_triton(e) from e
 
-__all__ = ["Encoded", "HostCounts", "WORK_EXTRA", "encode", "encode_kernel", "reserve_kernel", "values_capacity"]
-
-AGGREGATE = tl.constexpr(1 << 61)
-INCLUSIVE = tl.constexpr(1 << 62)
-VALUE_MASK = tl.constexpr((1 << 61) - 1)
-# Status words read per look-back step. 128 (one per thread at 4 warps) against 32: the ticket + count +
-# look-back alone went from 0.41 to 0.28 ms on 256M bf16 elements in tiles of 4096 (H200), the whole encode
-# from 0.79 to 0.75 ms.
-LOOKBACK = tl.constexpr(128)
-ONE_F32_BITS = tl.constexpr(0x3F800000)  # float32 1.0, as actzip.memory.modules.arena.ONE_F32_BITS
+__all__ = ["ONE_F32_BITS", "Encoded", "HostCounts", "OnePass", "WORK_EXTRA", "encode", "encode_kernel",
+           "reserve_kernel", "values_capacity"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@triton.jit
-def _exclusive_prefix(status_ptr, tile, size):
-    """Publish ``size`` for ``tile``, wait for the sum of the sizes of all earlier tiles, publish the inclusive
-    prefix, and return the exclusive one (int64)."""
-    excl = size * 0
-    if tile == 0:
-        tl.atomic_xchg(status_ptr, size | INCLUSIVE, sem="release")
-    else:
-        tl.atomic_xchg(status_ptr + tile, size | AGGREGATE, sem="release")
-        k = tl.arange(0, LOOKBACK)
-        j = tile - 1
-        done = tile * 0
-        while done == 0:
-            idx = j - k
-            valid = idx >= 0
-            # Plain volatile loads, not atomics: a status word is one aligned 64-bit store, read whole, and
-            # read-modify-write polling would serialize every tile on its predecessors' words in L2.
-            s = tl.load(status_ptr + idx, mask=valid, other=INCLUSIVE, volatile=True)  # before tile 0: prefix 0
-            not_ready = tl.min(tl.where(s == 0, k, LOOKBACK), axis=0)
-            first_inc = tl.min(tl.where(s >= INCLUSIVE, k, LOOKBACK), axis=0)
-            # Words before the first unpublished one are final: sum them up to and including the nearest
-            # inclusive prefix if there is one (done), else all of them and look further back.
-            found = first_inc < not_ready
-            take = tl.where(found, first_inc + 1, not_ready)
-            excl += tl.sum(tl.where(k < take, s & VALUE_MASK, 0), axis=0)
-            j -= take
-            done = found.to(tl.int64)
-        tl.atomic_xchg(status_ptr + tile, (excl + size) | INCLUSIVE, sem="release")
-    return excl
-
-
-@triton.jit
-def _reserve(res_ptr, counters_ptr, start, total, capacity, ELEM_BYTES: tl.constexpr, ARENA: tl.constexpr):
-    """Record ``total`` and ``start`` in the results, and with ``ARENA`` reserve ``total`` elements at the
-    arena's cursor (16-byte aligned) or count the refusal and raise the step flag; ``ok`` says which."""
-    tl.store(res_ptr, total)
-    tl.store(res_ptr + 4, start)
-    if ARENA:
-        granted = start + total <= capacity
-        tl.store(res_ptr + 3, granted.to(tl.int64))
-        nbytes = (total * ELEM_BYTES + 15) // 16 * 16
-        cursor = tl.load(counters_ptr)
-        wanted = tl.load(counters_ptr + 1) + nbytes
-        tl.store(counters_ptr, tl.where(granted, cursor + nbytes, cursor))
-        tl.store(counters_ptr + 1, wanted)
-        tl.store(counters_ptr + 2, tl.maximum(tl.load(counters_ptr + 2), wanted))
-        refused = 1 - granted.to(tl.int64)
-        tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + refused)
-        step_refused = tl.load(counters_ptr + 4) + refused
-        tl.store(counters_ptr + 4, step_refused)
-        # The arena's float32 step_overflow (found_inf for an optimizer) in the low half of this word.
-        tl.store(counters_ptr + 5, (step_refused > 0).to(tl.int64) * ONE_F32_BITS)
-    else:
-        tl.store(res_ptr + 3, 1)
 
 
 # capacity is not specialized (divisible by 16, equal to 1): Arena.fit() changes it between steps, and a new
@@ -136,75 +63,9 @@ def _reserve(res_ptr, counters_ptr, start, total, capacity, ELEM_BYTES: tl.const
 @triton.jit(do_not_specialize=["capacity"])
 def reserve_kernel(total_ptr, res_ptr, counters_ptr, start_ptr, capacity, ELEM_BYTES: tl.constexpr,
                    ARENA: tl.constexpr):
-    """The two-pass encoder's reservation, between its passes: ``_reserve`` of ``*total_ptr`` elements."""
-    _reserve(res_ptr, counters_ptr, tl.load(start_ptr) // ELEM_BYTES, tl.load(total_ptr), capacity, ELEM_BYTES,
-             ARENA)
-
-
-@triton.jit(do_not_specialize=["capacity"])
-def encode_kernel(
-    src_ptr,
-    act_ptr,
-    mask_ptr,
-    tile_offsets_ptr,
-    values_ptr,
-    work_ptr,
-    start_ptr,
-    counters_ptr,
-    n,
-    capacity,
-    T: tl.constexpr,
-    ELEM_BYTES: tl.constexpr,
-    BITS_DTYPE: tl.constexpr,
-    RELU: tl.constexpr,
-    ACT_OUT: tl.constexpr,
-    ARENA: tl.constexpr,
-    ROW: tl.constexpr,
-):
-    """Encode one tile; see the module docstring.
-
-    ``src_ptr``: the tensor's raw bits (``BITS_DTYPE``), or with ``RELU`` the pre-activation in its float
-    dtype. ``act_ptr`` (``ACT_OUT`` 1 or 2, with ``RELU``): where ``relu(h)`` or ``relu(h)²`` goes.
-    ``work_ptr``: zeroed int64 ``[n_tiles + WORK_EXTRA]``: the tiles' status words, the ticket, then the
-    results ``[total, nnz, sign_set, ok, start]`` (see :class:`Encoded`). ``start_ptr``: int64, the byte
-    offset of this payload's values in ``values``. With ``ARENA``, ``counters_ptr`` is the arena's int64
-    ``[cursor, wanted, high_water, overflows, step_overflows, step_flag]`` (see
-    :mod:`actzip.memory.modules.arena`) and values are written only below ``capacity`` elements; the last tile
-    reserves ``total`` (16-byte aligned) or counts the refusal and raises the step flag. ``ROW``: the tile is
-    handled as ``[T // ROW, ROW]``; with ``ROW`` 8 a thread holds whole mask bytes, with 2 neighbouring
-    lanes hold neighbouring elements, so one store instruction of the compacted values covers one short,
-    contiguous run of the output instead of a strided spread.
-    """
-    n_tiles = tl.cdiv(n, T)
-    tile = tl.atomic_add(work_ptr + n_tiles, 1).to(tl.int64)
-    res_ptr = work_ptr + n_tiles + 1
-    rows = tl.arange(0, T // ROW)
-    cols = tl.arange(0, ROW)
-    # 64-bit arithmetic once per tile (scalar pointers), 32-bit offsets per element.
-    local = rows[:, None] * ROW + cols[None, :]
-    inb = local < tl.minimum(n - tile * T, T).to(tl.int32)
-    if RELU:
-        x = load_relu(src_ptr + tile * T, act_ptr + tile * T, local, inb, ACT_OUT, BITS_DTYPE)
-    else:
-        x = tl.load(src_ptr + tile * T + local, mask=inb, other=0)
-    f = (x != 0).to(tl.int32)
-    f8 = tl.reshape(f, (T // 8, 8))
-    tl.store(mask_ptr + tile * (T // 8) + tl.arange(0, T // 8),
-             tl.sum(f8 << tl.arange(0, 8)[None, :], axis=1).to(tl.uint8))
-    per_byte = tl.sum(f, axis=1)
-    size = tl.sum(per_byte, axis=0).to(tl.int64)
-    start = tl.load(start_ptr) // ELEM_BYTES
-    excl = _exclusive_prefix(work_ptr, tile, size)
-    base = start + excl
-    # Broadcast to a block: a scalar bool in a store mask is refused by Triton's interpreter.
-    fits = (tl.zeros_like(f) + (base + size <= capacity).to(tl.int32)) != 0 if ARENA else f >= 0
-    rank = (tl.cumsum(per_byte, axis=0) - per_byte)[:, None] + (tl.cumsum(f, axis=1) - f)
-    tl.store(values_ptr + base + rank, x, mask=(f != 0) & fits)
-    tl.store(tile_offsets_ptr + tile, excl.to(tl.int32))
-    if tile == n_tiles - 1:
-        total = excl + size
-        tl.store(res_ptr + 1, total)  # without sign packing every value is one element
-        _reserve(res_ptr, counters_ptr, start, total, capacity, ELEM_BYTES, ARENA)
+    """The two-pass encoder's reservation, between its passes: ``reserve`` of ``*total_ptr`` elements."""
+    reserve(res_ptr, counters_ptr, tl.load(start_ptr) // ELEM_BYTES, tl.load(total_ptr), capacity, ELEM_BYTES,
+            ARENA)
 
 
 WORK_EXTRA = 8  # ticket, total, nnz, sign_set, ok, start, a zero start, padding
@@ -240,9 +101,11 @@ def values_capacity(n: int, tile_size: int, dtype: torch.dtype, sign_pack: bool)
 
 
 def _check_options(src: torch.Tensor, sign_pack: bool, relu: bool, act, row: int, passes: int,
-                   overwrite_input: bool, allocate: bool) -> None:  # fmt: skip
+                   overwrite_input: bool, allocate: bool, one_pass: OnePass | None = None) -> None:  # fmt: skip
     if row not in (2, 8):
         raise ConfigError(f"sparse encode: row must be 2 or 8 elements, got {row!r}")
+    if one_pass is not None and (passes != 1 or not isinstance(one_pass, OnePass)):
+        raise ConfigError(f"sparse encode: one_pass takes a OnePass, with passes=1; got {one_pass!r}")
     if passes not in (1, 2) or (passes == 1 and sign_pack):
         raise ConfigError(f"sparse encode: passes must be 1 or 2 (2 with sign packing), got {passes!r}")
     if passes == 1 and allocate:
@@ -274,6 +137,8 @@ def encode(
     passes: int = 2,
     overwrite_input: bool = False,
     act_in_place: bool = False,
+    one_pass: OnePass | None = None,
+    scratch_tiles: int | None = None,
 ) -> Encoded:
     """Encode ``src`` (any dense tensor of a float dtype or its integer view; read in memory order if contiguous).
 
@@ -299,17 +164,26 @@ def encode(
     Sign packing compacts the values whole into scratch room before packing them: sized by the host read when
     the buffer is allocated here, else as large as the input, where ``overwrite_input=True`` lets ``src``
     itself serve (it then holds garbage; its version counter is bumped so that autograd refuses a saved copy
-    of it), else one is allocated for the call.
+    of it), else one is allocated for the call. ``scratch_tiles`` (a values buffer or an arena): a scratch of
+    that many tiles instead, the compaction and the packing run over that many tiles at a time, so that the
+    input can take the activation in place (``act_in_place``) while the scratch stays small.
 
     ``act_in_place=True`` writes the activation over ``src`` (contiguous), which the caller no longer needs:
     every program reads its tile before it writes it, so the forward pass holds one hidden-size tensor, not
     two; ``src``'s version counter is bumped, as for ``overwrite_input``.
+
+    ``one_pass`` (with ``passes=1``): the super-tile kernel's knobs (:class:`OnePass`); ``None``, one tile per
+    program. Every choice makes the same buffers.
     """
     check_tile_size(tile_size)
     allocate = values is None and arena is None
     if values_offset is not None and values is None:
         raise ConfigError("sparse encode: values_offset says where the values go in a values buffer; pass one")
-    _check_options(src, sign_pack, relu, act, row, passes, overwrite_input, allocate)
+    _check_options(src, sign_pack, relu, act, row, passes, overwrite_input, allocate, one_pass)
+    if scratch_tiles is not None and (not sign_pack or allocate or overwrite_input or passes != 2
+                                      or not isinstance(scratch_tiles, int) or scratch_tiles < 1):
+        raise ConfigError(f"sparse encode: scratch_tiles (a positive int, got {scratch_tiles!r}) sizes the scratch "
+                          "of two-pass sign packing into a values buffer or an arena, without overwrite_input")
     if act_in_place and (act is None or overwrite_input or not src.is_contiguous()):
         raise ConfigError("sparse encode: act_in_place needs act='relu' or 'relu2', a contiguous input and no "
                           "overwrite_input (the input is then the activation, not scratch)")
@@ -329,7 +203,7 @@ def encode(
         values, start_bytes, capacity, counters = _values_target(values, values_offset, arena, want, n, tile_size,
                                                                  src, sign_pack, res)  # fmt: skip
         e = _encode_one_pass(code, bits, out, values, work, res, start_bytes, counters, capacity, tile_size, elem,
-                             relu, act, arena is not None, row)  # fmt: skip
+                             relu, act, arena is not None, row, one_pass)  # fmt: skip
         if act_in_place:
             torch.autograd.graph.increment_version(src)
         return e
@@ -357,17 +231,36 @@ def encode(
         if allocate:  # scratch of exactly the stored values, at each tile's prefix of value counts
             scratch = torch.empty(host.nnz, dtype=view, device=dev)
             value_offsets = torch.cumsum(c.nvals, 0, dtype=torch.int64) - c.nvals
+        elif scratch_tiles is not None:  # slots for scratch_tiles tiles, reused chunk after chunk
+            _pack_in_chunks(code, n, c, values, start, ok, tile_size, view, scratch_tiles, **act_out)
+            value_offsets = scratch = None
         else:  # scratch of one slot of tile_size elements per tile: no prefix needed, and the input will do
             scratch = bits if overwrite_input else torch.empty(n_tiles * tile_size, dtype=view, device=dev)
             value_offsets = None
-        sparse.compact(code, n, c, scratch, tile_size, offsets=value_offsets, slots=value_offsets is None, ok=ok,
-                       **act_out)  # fmt: skip
-        if n_tiles:
-            sparse_signpack.pack(scratch, c.nvals, c.tile_offsets, values, value_width(view, True), tile_size,
-                                 value_offsets=value_offsets, words_base=start, ok=ok)  # fmt: skip
+        if scratch is not None:
+            sparse.compact(code, n, c, scratch, tile_size, offsets=value_offsets, slots=value_offsets is None, ok=ok,
+                           **act_out)  # fmt: skip
+            if n_tiles:
+                sparse_signpack.pack(scratch, c.nvals, c.tile_offsets, values, value_width(view, True), tile_size,
+                                     value_offsets=value_offsets, words_base=start, ok=ok)  # fmt: skip
     if (overwrite_input and not allocate) or act_in_place:
         torch.autograd.graph.increment_version(src)
     return Encoded(c.mask, c.tile_offsets, values, total, c.nnz, c.sign_set, res[3:4], start, out, host)
+
+
+def _pack_in_chunks(code, n, c, values, start, ok, tile_size, view, scratch_tiles, *, relu, act, square) -> None:
+    """Compact and pack ``scratch_tiles`` tiles at a time through one scratch of that many slots: the tiles are
+    independent once their offsets are known, so each chunk is the whole passes on slices."""
+    n_tiles = c.sizes.numel()
+    scratch = torch.empty(min(scratch_tiles, n_tiles) * tile_size, dtype=view, device=code.device)
+    for t0 in range(0, n_tiles, scratch_tiles):
+        t1 = min(n_tiles, t0 + scratch_tiles)
+        lo, hi = t0 * tile_size, min(n, t1 * tile_size)
+        part = c._replace(sizes=c.sizes[t0:t1], tile_offsets=c.tile_offsets[t0:t1], nvals=c.nvals[t0:t1])
+        sparse.compact(code[lo:hi], hi - lo, part, scratch, tile_size, slots=True, ok=ok, relu=relu,
+                       act=act[lo:hi] if act is not None else None, square=square)  # fmt: skip
+        sparse_signpack.pack(scratch, part.nvals, part.tile_offsets, values, value_width(view, True), tile_size,
+                             words_base=start, ok=ok)  # fmt: skip
 
 
 def _values_target(values, values_offset, arena, want, n, tile_size, src, sign_pack, res):
@@ -388,17 +281,17 @@ def _values_target(values, values_offset, arena, want, n, tile_size, src, sign_p
 
 
 def _encode_one_pass(code, bits, out, values, work, res, start_bytes, counters, capacity, tile_size, elem, relu,
-                     act, arena, row) -> Encoded:  # fmt: skip
+                     act, arena, row, one_pass) -> Encoded:  # fmt: skip
+    if one_pass is not None:
+        one_pass = sparse_encode_single.check_one_pass(one_pass, tile_size, row)
     n = bits.numel()
     n_tiles = -(-n // tile_size)
     mask = torch.empty(n_tiles * tile_size // 8, dtype=torch.uint8, device=bits.device)
     tile_offsets = torch.empty(n_tiles, dtype=torch.int32, device=bits.device)
     if n_tiles:
-        encode_kernel[(n_tiles,)](
-            code, out if out is not None else bits, mask, tile_offsets, values, work, start_bytes, counters, n,
-            capacity, T=tile_size, ELEM_BYTES=elem, BITS_DTYPE=TL_BITS[bits.dtype], RELU=relu,
-            ACT_OUT={None: 0, "relu": 1, "relu2": 2}[act], ARENA=arena, ROW=row, num_warps=num_warps(tile_size),
-        )  # fmt: skip
+        sparse_encode_single.launch(code, out if out is not None else bits, mask, tile_offsets, values, work,
+                                    start_bytes, counters, n, capacity, tile_size, elem, bits.dtype, relu,
+                                    {None: 0, "relu": 1, "relu2": 2}[act], arena, row, one_pass)  # fmt: skip
     else:
         res[3].fill_(1)
     return Encoded(mask, tile_offsets, values, res[0:1], res[1:2], None, res[3:4], res[4:5], out)

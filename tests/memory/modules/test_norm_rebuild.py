@@ -40,7 +40,7 @@ def test_marked_norm_output_is_rebuilt_not_kept_and_gradients_are_identical(norm
     ref = Block(norm=norm)
     marked = copy.deepcopy(ref)
     handles = mark_norm_outputs(marked)
-    assert len(handles) == 1
+    assert len(handles) == 2  # the block around the norm's forward and the mark after it
     x = torch.randn(64, 32)
     grads = []
     for m in (ref, marked):
@@ -73,7 +73,7 @@ def test_compress_hooks_the_norms_once_and_restore_removes_them():
     model = GPT(GPTConfig.of_size("tiny"))
     report = compress_(model, SparseMLPConfig())
     norms = [m for m in model.modules() if is_norm(m)]
-    assert norms and all(len(m._forward_hooks) == 1 for m in norms)
+    assert norms and all(len(m._forward_hooks) == 1 and len(m._forward_pre_hooks) == 1 for m in norms)
     assert any("rebuild_norms" in n for n in report.notes)
     attention = [b.attn.c_attn for b in model.h]
     assert all(len(m._forward_pre_hooks) == 1 and len(m._forward_hooks) == 1 for m in attention)
@@ -141,3 +141,68 @@ def test_a_norm_input_changed_in_place_after_the_forward_is_an_error_not_a_wrong
     # the projection's backward runs first and rebuilds the norm output: the check there raises
     with pytest.raises(ActzipError, match="modified in place"):
         y.square().sum().backward()
+
+
+def _hf_block(dtype):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    return Block(norm=LlamaRMSNorm).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_an_upcasting_norm_keeps_its_input_not_its_float32_copy_and_gradients_are_identical(dtype):
+    ref = _hf_block(dtype)
+    marked = copy.deepcopy(ref)
+    mark_norm_outputs(marked)
+    x = torch.randn(64, 32).to(dtype)
+    grads = []
+    for m in (ref, marked):
+        xi = x.clone().requires_grad_()
+        m(xi).float().square().sum().backward()
+        grads.append([xi.grad] + [p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    plain, rebuilt = saved_bytes(ref, x.clone().requires_grad_()), saved_bytes(marked, x.clone().requires_grad_())
+    upcast = x.numel() * 4
+    # LlamaRMSNorm saves x.float() for pow and for the multiply by rsqrt: both are handles now
+    assert rebuilt.by_rule["rebuilt"].dense_bytes - plain.by_rule["rebuilt"].dense_bytes >= 2 * upcast
+    # what is left of them is x itself (half the float32 copy's bytes), and the MLP's input is rebuilt too
+    assert rebuilt.bytes_after <= plain.bytes_after - upcast
+
+
+def test_a_cast_of_another_tensor_or_a_narrowing_cast_is_not_an_upcast_of_the_input():
+    from actzip.memory.cache.rebuild import is_upcast_of
+
+    x = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    y = x * 2
+    assert is_upcast_of(x.float(), x) and is_upcast_of(y.float(), y)
+    assert not is_upcast_of(y.float(), x)  # a cast of another tensor
+    assert not is_upcast_of(y.float().to(torch.bfloat16), y)  # not wider
+    assert not is_upcast_of(y.float().t(), y)  # another layout
+    assert not is_upcast_of((y.float() + 0), y)  # not a cast at all
+
+
+def test_nemotron_h_norms_keep_their_inputs_through_compress_and_gradients_are_identical():
+    from actzip_bench.hybrid_memory import build_hybrid
+
+    torch.manual_seed(0)
+    ref = build_hybrid("nemotron-h-tiny", 32).to(torch.bfloat16)
+    model, without = copy.deepcopy(ref), copy.deepcopy(ref)
+    torch_codec = {"kernel": "torch"}  # bf16 arithmetic is inexact in Triton's CPU interpreter
+    compress_(model, SparseMLPConfig(codec_options=torch_codec))
+    compress_(without, SparseMLPConfig(codec_options=torch_codec, rebuild_norms=False))
+    idx = torch.randint(0, ref.config.vocab_size, (2, 32))
+    grads = []
+    for m in (ref, model):
+        m(input_ids=idx, labels=idx).loss.backward()
+        grads.append([p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    kept = {}
+    for name, m in (("with", model), ("without", without)):
+        counter = CacheContext.count_only()
+        with counter:
+            m(input_ids=idx, labels=idx)
+        kept[name] = counter.last.bytes_after
+    norms = sum(is_norm(m) for m in ref.model.layers.modules())
+    # every block norm: its float32 copy (4 bytes an element) gives way to its bf16 input, its output is rebuilt
+    assert kept["without"] - kept["with"] >= norms * idx.numel() * ref.config.hidden_size * 4

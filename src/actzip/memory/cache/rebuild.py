@@ -12,6 +12,10 @@ not targets go to the enclosing cache (``actzip.cache``) if one is open (these h
 else to an enclosing :class:`rebuild_saved` block's targets, else are kept as they are. Rebuilt tensors are
 accounted as stored in 0 bytes (account rule ``rebuilt``).
 
+Inside a block opened with ``upcasts_of=x``, a save of an exact upcast of ``x`` (autograd's own cast of ``x`` to a
+wider float dtype: bf16 or fp16 to float32, say, what transformers' RMSNorms do first) is kept as a handle that
+casts ``x`` again: the cast is exact, so the bits are the same, and ``x`` costs half the bytes of its float32 copy.
+
 A producer can also mark its output as rebuildable (:func:`mark_rebuildable`, what the fused MLPs' norm hooks
 do), and a consumer that would save it asks :func:`rebuildable` for a target to open a block with.
 
@@ -22,6 +26,7 @@ and a saved view of it is re-viewed with the same size, stride and offset); othe
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Callable, Sequence
 
 import torch
@@ -30,7 +35,7 @@ from actzip.errors import ActzipError
 from actzip.memory.cache.active import current_cache, record_external
 from actzip.memory.cache.roles import storage_key
 
-__all__ = ["Target", "autocast_as_now", "mark_rebuildable", "rebuild_saved", "rebuildable", "recompute"]
+__all__ = ["Target", "autocast_as_now", "is_upcast_of", "mark_rebuildable", "rebuild_saved", "rebuildable", "recompute"]
 
 Target = tuple[torch.Tensor, Callable[[], torch.Tensor]]
 
@@ -64,13 +69,15 @@ class rebuild_saved(torch.autograd.graph.saved_tensors_hooks):
     cannot be reused while the targets are alive, i.e. during the block.
     """
 
-    def __init__(self, targets: Sequence[Target]) -> None:
+    def __init__(self, targets: Sequence[Target], upcasts_of: torch.Tensor | None = None) -> None:
         keys = [(k, make) for t, make in targets
                 if t.is_contiguous() and t.storage_offset() == 0 and (k := storage_key(t)) is not None]
         outer = [k for block in _OPEN.blocks for k in block]  # an enclosing block's targets stay rebuildable
         self._keys = keys
         every = keys + outer
         cache = current_cache()
+        # weakly: the hooks outlive the block with every tensor they packed (see above)
+        source = weakref.ref(upcasts_of) if upcasts_of is not None else lambda: None
 
         def pack(t: torch.Tensor):
             key = storage_key(t)
@@ -79,6 +86,10 @@ class rebuild_saved(torch.autograd.graph.saved_tensors_hooks):
                     if key == target:
                         record_external("rebuilt", t.numel() * t.element_size(), 0)
                         return _Rebuild(make, t)
+            src = source()
+            if src is not None and is_upcast_of(t, src):
+                record_external("rebuilt", t.numel() * t.element_size(), 0)
+                return _Rebuild(recompute(torch.Tensor.to, src, t.dtype), t)
             return cache.pack(t) if cache is not None else t.detach()  # detached: no node -> itself cycle
 
         def unpack(saved):
@@ -95,6 +106,24 @@ class rebuild_saved(torch.autograd.graph.saved_tensors_hooks):
     def __exit__(self, *exc):
         _OPEN.blocks.pop()
         return super().__exit__(*exc)
+
+
+# Casts that are exact: every value of the narrower float dtype is a value of the wider one.
+_WIDER = {torch.float16: (torch.float32, torch.float64), torch.bfloat16: (torch.float32, torch.float64),
+          torch.float32: (torch.float64,)}
+
+
+def is_upcast_of(t: torch.Tensor, src: torch.Tensor) -> bool:
+    """Whether autograd made ``t`` as ``src.to(wider dtype)`` (same device, shape and contiguous layout), so
+    that ``src.to(t.dtype)`` gives ``t`` again bit for bit."""
+    fn = t.grad_fn
+    if (fn is None or type(fn).__name__ != "ToCopyBackward0" or t.dtype not in _WIDER.get(src.dtype, ())
+            or t.device != src.device or t.shape != src.shape or not (t.is_contiguous() and src.is_contiguous())):
+        return False
+    node = fn.next_functions[0][0] if fn.next_functions else None
+    if src.grad_fn is not None:
+        return node is src.grad_fn
+    return node is not None and getattr(node, "variable", None) is src  # src a leaf: its AccumulateGrad
 
 
 def recompute(fn: Callable[..., torch.Tensor], *args, **kwargs) -> Callable[[], torch.Tensor]:

@@ -18,6 +18,8 @@ of :func:`~actzip.memory.cache.rebuild.recompute`); ``SparseMLPConfig(rebuild_no
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 
@@ -46,7 +48,18 @@ def is_projection(module: nn.Module) -> bool:
     return cls.__module__.startswith("transformers.") and cls.__name__ == "Conv1D"
 
 
-def _mark(module: nn.Module, args: tuple, output) -> None:
+def _opened(blocks: list, module: nn.Module, args: tuple) -> None:
+    x = args[0] if len(args) == 1 and isinstance(args[0], torch.Tensor) else None
+    block = rebuild_saved([], upcasts_of=x) if torch.is_grad_enabled() and x is not None and x.requires_grad else None
+    if block is not None:
+        block.__enter__()
+    blocks.append(block)
+
+
+def _closed(blocks: list, module: nn.Module, args: tuple, output) -> None:
+    block = blocks.pop() if blocks else None
+    if block is not None:
+        block.__exit__(None, None, None)
     if (torch.is_grad_enabled() and len(args) == 1 and isinstance(args[0], torch.Tensor)
             and isinstance(output, torch.Tensor) and output.requires_grad
             and len(module._forward_hooks) == 1):  # another hook may have changed the output
@@ -54,8 +67,16 @@ def _mark(module: nn.Module, args: tuple, output) -> None:
 
 
 def mark_norm_outputs(model: nn.Module) -> list:
-    """Hook every norm of ``model`` (see :func:`is_norm`) to mark its outputs; returns the hook handles."""
-    return [m.register_forward_hook(_mark) for m in model.modules() if is_norm(m)]
+    """Hook every norm of ``model`` (see :func:`is_norm`) to mark its outputs and, inside its forward, to keep
+    its input in place of an exact upcast of it (transformers' RMSNorms save a float32 copy of a bf16 input
+    twice: see :class:`~actzip.memory.cache.rebuild.rebuild_saved`); returns the hook handles."""
+    handles = []
+    for m in model.modules():
+        if is_norm(m):
+            blocks: list = []  # one entry per call in flight: the open block, or None
+            handles.append(m.register_forward_pre_hook(functools.partial(_opened, blocks)))
+            handles.append(m.register_forward_hook(functools.partial(_closed, blocks), always_call=True))
+    return handles
 
 
 def rebuild_projection_inputs(model: nn.Module, skip: tuple[type, ...] = ()) -> list:

@@ -22,6 +22,8 @@ from actzip.memory.modules.arena import Arena, Reservation
 __all__ = ["activation_from_payload", "arena_overflows", "encode_into_arena", "kernels_encode", "must_recompute",
            "note_recompute", "relu_grad_dense", "relu_grad_dense_", "relu_grad_from_payload"]
 
+SIGN_PACK_CHUNKS = 8  # sign packing with the activation in place: scratch of an eighth of h, 8 chunks
+
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -100,17 +102,22 @@ def encode_into_arena(
     ``relu(h)²`` the forward pass goes on with (written by the same kernel). The payload's ``reservation`` says
     (from backward on) whether the arena had room; if not, no value was written and the caller recomputes,
     or, if the reservation is ``device_only`` (see :meth:`Arena.device_policy`), backward gives NaN.
-    ``in_place``: the activation is written over ``h`` (contiguous, dead once encoded), unless sign packing
-    takes ``h`` as its scratch.
+    ``in_place``: the activation is written over ``h`` (contiguous, dead once encoded); sign packing then
+    goes through a scratch of a ``SIGN_PACK_CHUNKS``-th of ``h``, else takes ``h`` itself as its scratch.
     """
     from actzip.kernels import sparse_encode
 
     tile, sign_pack = codec.tile_size, codec.sign_pack
-    # Sign packing needs scratch as large as h, and h (made by the up projection inside the MLP's forward, kept
-    # by nothing) is dead once encoded: it serves, so the forward pass allocates nothing more for packing.
-    scratch = sign_pack and h.is_contiguous()
+    in_place = in_place and h.is_contiguous()
+    # Sign packing compacts into scratch before it packs. With the activation in place, h is taken: a small
+    # scratch, reused chunk by chunk, keeps the forward at one hidden-size tensor. Otherwise h (made by the up
+    # projection inside the MLP's forward, kept by nothing) is dead once encoded and serves as the scratch.
+    chunked = sign_pack and in_place
+    n_tiles = -(-h.numel() // tile)
+    scratch_tiles = -(-n_tiles // SIGN_PACK_CHUNKS) if chunked else None
     e = sparse_encode.encode(h, tile, sign_pack, relu=True, act="relu2" if square else "relu", arena=arena,
-                             overwrite_input=scratch, act_in_place=in_place and not scratch and h.is_contiguous())
+                             overwrite_input=sign_pack and not chunked and h.is_contiguous(), act_in_place=in_place,
+                             scratch_tiles=scratch_tiles)  # fmt: skip
     elem = 4 if sign_pack else h.element_size()
     meta = {"nnz": None, "perm": None, "tile_size": tile, "sign_pack": sign_pack, "values_buffer": arena.buffer,
             "values_offset": e.start,
