@@ -12,9 +12,11 @@ share one set of weights and one optimizer and are interleaved step by step:
 - ``compress``: ``actzip.compress_(model, SparseMLPConfig())`` and nothing else;
 - ``compress-signpack``: the same with ``codec_options`` sign packing (``check=False``).
 
-Where the ``mamba_ssm`` / ``causal_conv1d`` kernels are not installed, transformers runs its PyTorch reference
-of the Mamba mixer, which keeps far more for backward than the kernels do; the record says which path ran
-(``mamba_path``) and how the bytes autograd keeps split by layer kind (``saved_by_kind``).
+With the ``mamba_ssm`` and ``causal_conv1d`` packages installed, transformers runs their fused Mamba-2 kernels
+(what a Nemotron-H user trains on); without them, its PyTorch reference of the mixer, which keeps far more for
+backward and whose scan's temporaries set the peak. The record says which path ran (``mamba_path``) and how the
+bytes autograd keeps split by layer kind (``saved_by_kind``: a storage counted once, for the first layer that
+saved it, so an arena shared by every MLP is all counted at the first).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ class KernelBenchConfig:
     tile_size: int = 4096
 
 
-def _tensor(numel: int, dtype: torch.dtype, density: float, device) -> torch.Tensor:
+def sparse_tensor(numel: int, dtype: torch.dtype, density: float, device) -> torch.Tensor:
+    """``numel`` elements of ``dtype``, a ``density`` share of them nonzero (positive), the rest zero; seeded."""
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.rand(numel, device=device, generator=g) + 0.01
     keep = torch.rand(numel, device=device, generator=g) < density
@@ -46,7 +47,7 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
     for dname in cfg.dtypes:
         dtype = getattr(torch, dname)
         for density in cfg.densities:
-            x = _tensor(cfg.numel, dtype, density, device)
+            x = sparse_tensor(cfg.numel, dtype, density, device)
             bits = x.view(bit_view_dtype(dtype))
             n = bits.numel()
             for sign_pack in (False, True):

@@ -2,8 +2,10 @@
 
 - :mod:`actzip.kernels.runtime`: can Triton run here, and a count of fallbacks to PyTorch. Always importable.
 - The kernel modules, named as their codec or op: :mod:`~actzip.kernels.sparse` (the sparse format's passes and
-  decoder), :mod:`~actzip.kernels.sparse_signpack` (its sign packing), :mod:`~actzip.kernels.sparse_encode`
-  (the one encoder the codec and the fused MLPs run), :mod:`~actzip.kernels.relu_mlp` (fused MLP backward from
+  gather decoder), :mod:`~actzip.kernels.sparse_decode` (its default decoder, a run of values per tile),
+  :mod:`~actzip.kernels.sparse_signpack` (its sign packing), :mod:`~actzip.kernels.sparse_encode` (the one
+  encoder the codec and the fused MLPs run), :mod:`~actzip.kernels.sparse_encode_single` (its single-pass
+  kernels), :mod:`~actzip.kernels.relu_mlp` (fused MLP backward from
   a payload), :mod:`~actzip.kernels.quant` and :mod:`~actzip.kernels.fp8` (on the shared tile layout of
   :mod:`~actzip.kernels.quant_tiles` and the bit helpers of :mod:`~actzip.kernels.quant_bits`), and
   :mod:`~actzip.kernels.sparse_launch` (the sparse kernels' host-side checks). They need Triton: import one only

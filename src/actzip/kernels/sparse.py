@@ -20,7 +20,7 @@ reservation and sign packing between them.
 
 :func:`decompress_kernel` rebuilds the raw bits, one tile per program, through :func:`load_tile_bits`, a
 ``@triton.jit`` helper that other kernels can call to read one tile of a payload without a dense copy. It
-loads each stored value on its own (``values[base + rank]``); :func:`decompress` can run instead the decoder of
+loads each stored value on its own (``values[base + rank]``); :func:`decompress` runs by default the decoder of
 :mod:`actzip.kernels.sparse_decode` (``variant="run"``), which reads a tile's values as one contiguous run.
 
 Python entry points: :func:`count` and :func:`compact` (the two passes) and :func:`decompress`. The PyTorch
@@ -434,15 +434,15 @@ def decompress(
     out: torch.Tensor | None = None,
     values_offset: torch.Tensor | None = None,
     *,
-    variant: str = "gather",
+    variant: str = "run",
 ) -> torch.Tensor:
     """Decode ``n`` elements from sparse buffers into the raw bits (1-D, the integer view of ``dtype``).
 
     ``dtype``: the encoded tensor's dtype or its integer view. ``out``: optional contiguous 1-D buffer of at
     least ``n`` elements of that integer dtype. ``values_offset``: one-element int64 device tensor, where the
     payload's values start in ``values`` (default 0). ``variant``: the decoder, one of
-    :data:`DECODE_VARIANTS`: ``"gather"`` (:func:`decompress_kernel`) or ``"run"``
-    (:func:`actzip.kernels.sparse_decode.decode_run`, with its default knobs); sign-packed payloads, and masks
+    :data:`DECODE_VARIANTS`: ``"run"`` (the default: :func:`actzip.kernels.sparse_decode.decode_run`, with its
+    default knobs, the faster on an H200) or ``"gather"`` (:func:`decompress_kernel`); sign-packed payloads, and masks
     not 4-byte aligned, always take ``"gather"``. Both give the same bits. No host synchronization.
     """
     if variant not in DECODE_VARIANTS:

@@ -1,7 +1,7 @@
 """The sparse codec's "run" decoder (see :mod:`actzip.codecs.sparse` for the format): a Triton kernel that reads
 each tile's stored values as one contiguous run instead of one scattered load per element.
 
-:func:`actzip.kernels.sparse.decompress` runs it with ``variant="run"``; its default, ``"gather"``, is the
+:func:`actzip.kernels.sparse.decompress` runs it by default (``variant="run"``); ``"gather"`` is the
 original decoder (:func:`actzip.kernels.sparse.decompress_kernel`: each element loads ``values[base + rank]``
 from global memory). Sign-packed payloads always take the original decoder.
 
