@@ -39,6 +39,10 @@ METHODS = {
     "mask-backward": ("quant:bits=8", MASK, "bf16", None),
     # and after the keep sweep: the gradient-only mask with the largest half kept exactly
     "split-mask-backward": ("quant:bits=8", SPLIT_MASK, "bf16", None),
+    # and after both: the gradient mask under a cheaper forward, 2-bit or AQ-SGD's delta in 4 or 2 bits
+    "int2-mask-backward": ("quant:bits=2", MASK, "bf16", None),
+    "delta-mask-backward": ("delta:bits=4", MASK, "bf16", None),
+    "delta2-mask-backward": ("delta:bits=2", MASK, "bf16", None),
 }
 TRIVIAL = ("bf16", "int8", "int4", "delta")  # the baselines a user would otherwise pick
 TASKS = {"domain": "prose", "continual": "code_late"}  # task -> corpus trained on after pretraining on code_early

@@ -46,4 +46,26 @@ def mask_keep(root: Path) -> str:
     return "\n".join(lines)
 
 
-RENDERERS = {"wire-mask-keep": mask_keep}
+FORWARD_RUN = "results/cpu/decentralized-fwd-codecs-0.125.json"
+FORWARD_METHODS = ("delta", "mask-backward", "int2-mask-backward", "delta-mask-backward", "delta2-mask-backward")
+
+
+def forward_codecs(root: Path) -> str:
+    """The gradient mask under cheaper forwards, beside the 4-bit delta baseline, one run."""
+    rec = load(root, FORWARD_RUN)
+    c = rec["config"]
+    lines = ["| task | method | loss vs dense (range over seeds) | pipeline bytes vs bf16 |", "|---|---|---:|---:|"]
+    for task in c["tasks"]:
+        by = {a["method"]: a for a in rec["aggregate"] if a["task"] == task}
+        dense, bf16 = by["dense"]["final_loss"], by["bf16"]["pp_bytes_per_step"]
+        for method in FORWARD_METHODS:
+            a = by[method]
+            lo, hi = a["final_loss_range"]
+            lines.append(f"| {task} | {method} | {pct(a['loss_vs_dense'])} ({pct(lo / dense - 1)} to "
+                         f"{pct(hi / dense - 1)}) | {bf16 / a['pp_bytes_per_step']:.2f}x fewer |")
+    lines += ["", f"{len(c['seeds'])} seeds, `--quick` model and steps, mask keep {c['mask_keep']:g} "
+              f"{cite(FORWARD_RUN)}."]
+    return "\n".join(lines)
+
+
+RENDERERS = {"wire-mask-keep": mask_keep, "wire-forward-codecs": forward_codecs}
