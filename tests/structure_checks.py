@@ -22,17 +22,19 @@ LINE_LIMIT = 500
 
 # Layer of each library module, by its name's prefix (longest prefix wins); "api" sits beside core.
 LAYER_PREFIXES = {"actzip.core": "core", "actzip.errors": "core", "actzip.api": "api", "actzip.kernels": "kernels",
-                  "actzip.codecs": "codecs", "actzip.memory": "memory", "actzip.wire": "wire", "actzip.rl": "rl"}
+                  "actzip.codecs": "codecs", "actzip.memory": "memory", "actzip.wire": "wire", "actzip.rl": "rl",
+                  "actzip.split": "split"}
 # layer -> the layers it must not import
 # (rl applies the memory planner around an RL update; memory takes exposures as tensors, never from rl)
 FORBIDDEN_LAYERS = {
-    "core": {"api", "kernels", "codecs", "memory", "wire", "rl"},
-    "api": {"kernels", "codecs", "memory", "wire", "rl"},
-    "kernels": {"codecs", "memory", "wire", "rl"},
-    "codecs": {"memory", "wire", "rl"},
-    "memory": {"wire", "rl"},
-    "wire": {"memory", "rl"},
-    "rl": {"wire"},
+    "core": {"api", "kernels", "codecs", "memory", "wire", "rl", "split"},
+    "api": {"kernels", "codecs", "memory", "wire", "rl", "split"},
+    "kernels": {"codecs", "memory", "wire", "rl", "split"},
+    "codecs": {"memory", "wire", "rl", "split"},
+    "memory": {"wire", "rl", "split"},
+    "wire": {"memory", "rl", "split"},
+    "rl": {"wire", "split"},
+    "split": {"memory", "rl"},  # split learning sends over the wire; it keeps nothing for backward
 }
 # Exception types of the standard library an actzip error may derive from.
 BUILTIN_ERRORS = frozenset(n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, Exception)

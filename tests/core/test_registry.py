@@ -11,6 +11,7 @@ from actzip.errors import ConfigError, UnknownCodecError
 # Options other than the defaults for every registered codec (a new codec must add its own here).
 SPECS = {
     "cast": {"dtype": "float16", "check": False},
+    "dct": {"bits": 1.5, "bands": 4, "axis": 0, "rounding": "nearest", "seed": 2},
     "fp8": {"format": "e5m2", "granularity": "group", "group_size": 64, "rounding": "stochastic", "seed": 3,
             "check": False, "kernel": "torch"},
     "mask": {"keep": 0.25, "mode": "topk", "rescale": True, "seed": 7, "check": False},
@@ -53,7 +54,7 @@ def test_an_option_in_the_spec_and_as_a_keyword_is_refused():
 
 
 def test_unknown_codec_lists_the_codecs():
-    with pytest.raises(UnknownCodecError, match=r"unknown codec 'qaunt'; available: cast, fp8, mask, passthrough, quant"):
+    with pytest.raises(UnknownCodecError, match=r"unknown codec 'qaunt'; available: cast, dct, fp8, mask, passthrough, quant"):
         actzip.codecs.get("qaunt:bits=4")
 
 

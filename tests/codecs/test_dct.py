@@ -1,0 +1,95 @@
+"""The ``dct`` codec (SL-FAC): its transform against scipy's, the bit allocation, and its stated guarantee
+(unbiased on the bands it sends, the dropped bands' energy reported) checked statistically."""
+
+import math
+
+import pytest
+import torch
+
+import actzip
+from actzip.codecs.dct import BAND_BITS, allocate_bits, dct, idct
+from actzip.errors import ConfigError
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 37, 64])
+def test_dct_is_scipys_orthonormal_dct2_and_idct_inverts_it(n):
+    scipy_fft = pytest.importorskip("scipy.fft")
+    x = torch.randn(3, 5, n, dtype=torch.float64)
+    want = torch.from_numpy(scipy_fft.dct(x.numpy(), type=2, norm="ortho", axis=-1))
+    assert torch.allclose(dct(x), want, atol=1e-12)
+    assert torch.allclose(idct(dct(x)), x, atol=1e-12)
+
+
+def test_bits_go_to_energy_within_the_budget():
+    energy, widths = [100.0, 10.0, 1.0, 0.01], [8, 8, 8, 8]
+    for avg in (0.25, 1.0, 2.0, 5.0):
+        got = allocate_bits(energy, widths, avg)
+        assert all(b in BAND_BITS for b in got)
+        assert sum(b * w for b, w in zip(got, widths)) <= avg * sum(widths)
+        assert got == sorted(got, reverse=True)  # more energy, never fewer bits
+    assert allocate_bits(energy, widths, 8.0) == [8, 8, 8, 8]
+
+
+def _smooth(rows=48, n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.linspace(0, 1, n)
+    f = torch.rand(rows, 1, generator=g) * 4 + 1
+    return torch.sin(2 * math.pi * f * t) + 0.05 * torch.randn(rows, n, generator=g)
+
+
+def _projection(x, payload):
+    c = dct(x.double())
+    for a, b, k in zip(payload.meta["edges"], payload.meta["edges"][1:], payload.meta["band_bits"]):
+        if k == 0:
+            c[..., a:b] = 0
+    return idct(c)
+
+
+def test_unbiased_on_the_sent_bands_and_the_dropped_energy_is_the_expectations_error():
+    x = _smooth()
+    draws = 200
+    mean, single = torch.zeros_like(x, dtype=torch.float64), None
+    for seed in range(draws):
+        codec = actzip.codecs.get("dct", bits=1.0, bands=8, seed=seed)
+        p = codec.encode(x)
+        y = codec.decode(p).double()
+        single = y if single is None else single
+        mean += y / draws
+    proj = _projection(x, p)
+    assert 0 in p.meta["band_bits"] and any(p.meta["band_bits"])  # some bands sent, some dropped
+    one = (single - proj).norm()
+    assert (mean - proj).norm() < 3 * one / math.sqrt(draws)  # the noise averages out around the projection
+    assert math.isclose(p.meta["dropped_energy"], float((x.double() - proj).square().sum()), rel_tol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_round_trip_keeps_shape_dtype_and_layout_along_any_axis(dtype, axis):
+    x = _smooth(16, 32).reshape(4, 4, 32).to(dtype)
+    codec = actzip.codecs.get("dct", bits=8, bands=4, axis=axis, rounding="nearest")
+    y = codec.decode(codec.encode(x))
+    assert y.shape == x.shape and y.dtype == x.dtype
+    err = (y.double() - x.double()).norm() / x.double().norm()
+    assert err < (0.02 if dtype != torch.bfloat16 else 0.03)
+
+
+def test_fewer_bits_fewer_bytes_and_the_grammar_builds_it():
+    x = _smooth(64, 128)
+    sizes = [actzip.codecs.get("dct", bits=b, bands=8).encode(x).nbytes for b in (0.5, 1, 2, 4)]
+    assert sizes == sorted(sizes) and sizes[0] < x.numel() * 4 / 16
+    assert actzip.codecs.get("dct", bits=2, bands=4).options()["bits"] == 2.0
+
+
+def test_bad_options_and_input_are_refused():
+    for bad in ({"bits": 0}, {"bits": 9}, {"bits": True}, {"bands": 0}, {"axis": 1.5}, {"rounding": "up"}):
+        with pytest.raises(ConfigError):
+            actzip.codecs.get("dct", **bad)
+    codec = actzip.codecs.get("dct", bands=8)
+    with pytest.raises(ConfigError, match="fewer than bands"):
+        codec.encode(torch.randn(4, 5))
+    with pytest.raises(ConfigError, match="axis"):
+        actzip.codecs.get("dct", axis=3).encode(torch.randn(4, 16))
+    with pytest.raises(ConfigError, match="scalar"):
+        codec.encode(torch.tensor(1.0))
+    with pytest.raises(ConfigError, match="inf or NaN"):
+        codec.encode(torch.full((2, 16), float("nan")))

@@ -1,0 +1,77 @@
+"""Keep-ratios under one budget: the payload is the budget exactly, ratios in [0, 1], proportional to scores."""
+
+import math
+import random
+
+import pytest
+
+from actzip.errors import ConfigError
+from actzip.split import equal_keep_ratios, keep_ratios
+
+
+def _check_payload(k, sizes, budget):
+    assert all(0.0 <= r <= 1.0 for r in k.ratios)
+    assert math.isclose(k.payload(sizes), budget, rel_tol=1e-12)
+
+
+def test_ratios_follow_the_scores_and_spend_the_budget_exactly():
+    sizes, budget = [1000, 100, 5000], 1200
+    k = keep_ratios([0.2, 0.6, 0.1], sizes, budget)
+    _check_payload(k, sizes, budget)
+    assert k.fallback is None and k.dropped == () and k.saturated == ()
+    assert math.isclose(k.ratios[1] / k.ratios[0], 3.0) and math.isclose(k.ratios[0] / k.ratios[2], 2.0)
+
+
+def test_a_modality_that_would_pass_one_is_sent_whole_and_the_rest_share_its_excess():
+    sizes, budget = [100, 1000, 1000], 700
+    k = keep_ratios([10.0, 1.0, 1.0], sizes, budget)  # lam * 10 would be past 1
+    _check_payload(k, sizes, budget)
+    assert k.saturated == (0,) and k.ratios[0] == 1.0 and math.isclose(k.ratios[1], k.ratios[2])
+
+
+def test_modalities_scored_zero_or_below_get_nothing():
+    sizes, budget = [100, 100, 100], 90
+    k = keep_ratios([0.5, 0.0, -0.3], sizes, budget)
+    _check_payload(k, sizes, budget)
+    assert k.dropped == (1, 2) and k.ratios[1:] == (0.0, 0.0)
+
+
+def test_no_positive_score_falls_back_to_equal_ratios_and_says_so():
+    sizes, budget = [10, 30], 20
+    k = keep_ratios([0.0, -1.0], sizes, budget)
+    assert k.fallback and "equal" in k.fallback and k.ratios == (0.5, 0.5)
+
+
+def test_a_budget_past_what_the_useful_modalities_hold_goes_to_the_others_equally():
+    sizes, budget = [10, 100, 100], 110
+    k = keep_ratios([1.0, 0.0, 0.0], sizes, budget)
+    _check_payload(k, sizes, budget)
+    assert k.ratios[0] == 1.0 and math.isclose(k.ratios[1], 0.5) and k.fallback
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_scores_sizes_and_budgets(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 9)
+    sizes = [rng.randint(1, 10_000) for _ in range(n)]
+    scores = [rng.uniform(-0.2, 1.0) for _ in range(n)]
+    budget = rng.uniform(0.01, 1.0) * sum(sizes)
+    for k in (keep_ratios(scores, sizes, budget), equal_keep_ratios(sizes, budget)):
+        _check_payload(k, sizes, budget)
+    k = keep_ratios(scores, sizes, budget)
+    free = [i for i in range(n) if 0 < k.ratios[i] < 1 and scores[i] > 0]
+    for i in free:  # unsaturated modalities: ratio / score the same for all
+        assert math.isclose(k.ratios[i] / scores[i], k.ratios[free[0]] / scores[free[0]], rel_tol=1e-9)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ConfigError, match="budget"):
+        keep_ratios([1.0], [10], 11)
+    with pytest.raises(ConfigError, match="budget"):
+        keep_ratios([1.0], [10], 0)
+    with pytest.raises(ConfigError, match="sizes"):
+        keep_ratios([1.0], [0], 1)
+    with pytest.raises(ConfigError, match="2 scores for 1"):
+        keep_ratios([1.0, 2.0], [10], 5)
+    with pytest.raises(ConfigError, match="finite"):
+        keep_ratios([float("inf")], [10], 5)
