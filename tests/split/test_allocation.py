@@ -14,17 +14,18 @@ def _check_payload(k, sizes, budget):
     assert math.isclose(k.payload(sizes), budget, rel_tol=1e-12)
 
 
-def test_ratios_follow_the_scores_and_spend_the_budget_exactly():
-    sizes, budget = [1000, 100, 5000], 1200
+def test_payload_shares_follow_the_scores_and_spend_the_budget_exactly():
+    sizes, budget = [1000, 1000, 5000], 900
     k = keep_ratios([0.2, 0.6, 0.1], sizes, budget)
     _check_payload(k, sizes, budget)
     assert k.fallback is None and k.dropped == () and k.saturated == ()
-    assert math.isclose(k.ratios[1] / k.ratios[0], 3.0) and math.isclose(k.ratios[0] / k.ratios[2], 2.0)
+    sent = [r * s for r, s in zip(k.ratios, sizes)]
+    assert math.isclose(sent[1] / sent[0], 3.0) and math.isclose(sent[0] / sent[2], 2.0)
 
 
-def test_a_modality_that_would_pass_one_is_sent_whole_and_the_rest_share_its_excess():
+def test_a_small_useful_modality_is_sent_whole_and_the_rest_share_its_excess():
     sizes, budget = [100, 1000, 1000], 700
-    k = keep_ratios([10.0, 1.0, 1.0], sizes, budget)  # lam * 10 would be past 1
+    k = keep_ratios([10.0, 1.0, 1.0], sizes, budget)  # its share of 700 would be 583 of its 100 elements
     _check_payload(k, sizes, budget)
     assert k.saturated == (0,) and k.ratios[0] == 1.0 and math.isclose(k.ratios[1], k.ratios[2])
 
@@ -60,8 +61,11 @@ def test_random_scores_sizes_and_budgets(seed):
         _check_payload(k, sizes, budget)
     k = keep_ratios(scores, sizes, budget)
     free = [i for i in range(n) if 0 < k.ratios[i] < 1 and scores[i] > 0]
-    for i in free:  # unsaturated modalities: ratio / score the same for all
-        assert math.isclose(k.ratios[i] / scores[i], k.ratios[free[0]] / scores[free[0]], rel_tol=1e-9)
+    for i in free:  # modalities not sent whole: elements sent / score the same for all
+        lam = k.ratios[free[0]] * sizes[free[0]] / scores[free[0]]
+        assert math.isclose(k.ratios[i] * sizes[i] / scores[i], lam, rel_tol=1e-9)
+    for i in k.saturated:  # sent whole: its share would have been more than its size
+        assert scores[i] * (lam if free else float("inf")) >= sizes[i] * (1 - 1e-9)
 
 
 def test_bad_input_is_refused():

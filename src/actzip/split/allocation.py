@@ -1,10 +1,11 @@
 """Keep-ratios for a split-learning client's modalities under one uplink budget.
 
 Every policy gets the same expected payload: ``sum(ratio_i * size_i) == budget``, with each ratio in ``[0, 1]``
-(a ratio is the expected share of a modality's elements sent). ModalShare's ratios follow the modalities'
-scores: ``ratio_i = min(1, lam * w_i)`` with ``w_i = max(score_i, 0)``, ``lam`` set so the payload is the
-budget (water-filling: a modality saturated at 1 hands what it cannot take to the others, in proportion to
-their scores). Equal keep-ratios (``ratio_i = budget / sum(sizes)``) are the same with every score equal.
+(a ratio is the expected share of a modality's elements sent). ModalShare's ratios give each modality a share of
+the payload that follows its score: ``ratio_i * size_i = min(size_i, lam * w_i)`` with ``w_i = max(score_i, 0)``,
+``lam`` set so the payload is the budget (water-filling: a modality sent whole hands what it cannot take to the
+others, in proportion to their scores). A small but useful modality is thus sent whole before a large weak one
+gets more, where equal keep-ratios (``ratio_i = budget / sum(sizes)``) give every modality bytes by its size.
 A modality whose score is not positive gets ratio 0 (listed in ``dropped``); when no score is positive, every
 modality gets the equal ratio and ``fallback`` says so.
 """
@@ -72,19 +73,20 @@ def keep_ratios(scores: Sequence[float], sizes: Sequence[float], budget: float) 
         ratios = [1.0 if i in live else r for i in range(len(sizes))]
         return KeepRatios(tuple(ratios), (), tuple(live), "the positively scored modalities sent whole take less "
                           "than the budget: the others share the rest equally")
-    # water-filling: in order of decreasing weight, a modality that lam * w would push past 1 is sent whole
-    order = sorted(live, key=lambda i: -w[i])
+    # water-filling on bytes: by decreasing score per element, a modality that lam * w would give more than its
+    # size is sent whole
+    order = sorted(live, key=lambda i: -w[i] / sizes[i])
     saturated: list[int] = []
     for i in order:
         free = order[len(saturated):]
-        lam = (budget - math.fsum(sizes[j] for j in saturated)) / math.fsum(w[j] * sizes[j] for j in free)
-        if lam * w[i] <= 1.0:
+        lam = (budget - math.fsum(sizes[j] for j in saturated)) / math.fsum(w[j] for j in free)
+        if lam * w[i] <= sizes[i]:
             break
         saturated.append(i)
     ratios = [0.0] * len(sizes)
     for i in saturated:
         ratios[i] = 1.0
     for i in order[len(saturated):]:
-        ratios[i] = min(1.0, lam * w[i])
+        ratios[i] = min(1.0, lam * w[i] / sizes[i])
     dropped = tuple(i for i in range(len(sizes)) if w[i] == 0)
     return KeepRatios(tuple(ratios), dropped, tuple(saturated), None)

@@ -1,0 +1,48 @@
+"""``actzip bench split``: keep-ratio policies for a split-learning client's modalities under one uplink budget,
+simulated in one process on the synthetic multimodal suite."""
+
+from __future__ import annotations
+
+import argparse
+
+from actzip_bench.commands.common import command_line, config_from_args, write_json
+
+
+def _bench_split(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from actzip_bench.harness import machine_record
+    from actzip_bench.split_sim import SplitSimConfig, run_split_sim
+
+    cfg = config_from_args(SplitSimConfig, args)
+    console = Console()
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("training", total=len(cfg.seeds) * len(cfg.policies))
+        record = run_split_sim(cfg, progress=lambda done: bar.update(task, advance=1, description=done))
+    record["machine"] = machine_record(torch.device("cpu"))
+    record["command"] = command_line(args)
+    table = Table(title=f"split learning, {cfg.compression:g}x uplink compression, {len(cfg.seeds)} seeds")
+    for col in ("policy", "mean accuracy", "per seed", "final ratios (seed 0)"):
+        table.add_column(col)
+    for p in cfg.policies:
+        rows = [r for r in record["rows"] if r["policy"] == p]
+        table.add_row(p, f"{record['mean_accuracy'][p]:.3f}", " ".join(f"{r['accuracy']:.3f}" for r in rows),
+                      " ".join(f"{v:.2f}" for v in rows[0]["ratios"]))
+    console.print(table)
+    write_json(record, args.json, console)
+    return 0
+
+
+def add_parsers(bench) -> None:
+    """Add ``split`` to ``actzip bench``."""
+    sb = bench.add_parser("split", help="split learning: ModalShare's keep-ratios against equal ones at one budget")
+    sb.add_argument("--compression", type=float, help="sum of the modalities' features / expected features sent")
+    sb.add_argument("--steps", type=int)
+    sb.add_argument("--refresh", type=int, help="steps between ModalShare's score refreshes")
+    sb.add_argument("--explore", type=float, help="share of the equal allocation mixed into ModalShare's")
+    sb.add_argument("--seeds", help="comma-separated (default 0,1,2)")
+    sb.add_argument("--json", help="write the record here")
+    sb.set_defaults(func=_bench_split)
