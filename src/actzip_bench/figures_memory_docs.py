@@ -188,6 +188,8 @@ def kernels(root: Path) -> str:
              f"{' / '.join(f'{d:g}' for d in dens)}):", "", "| kernel | ms | of copy bandwidth |", "|---|---:|---:|"]
     for name, t, frac, packed in KERNEL_ROWS:
         rs = [row("bfloat16", d, packed) for d in dens]
+        if t == "decode_s":  # records made before the run decoder was the default hold no "decoder": gather's
+            name = f"{name} ({rs[0].get('decoder', 'gather')} decoder)"
         lines.append(f"| {name} | {' / '.join(f'{r[t] * 1e3:.3f}' for r in rs)} | "
                      f"{' / '.join(f'{r[frac]:.0%}' for r in rs)} |")
     reached = []

@@ -126,7 +126,7 @@ def _hybrid_kernels(root: Path) -> list[str]:
     diffs = [r["max_grad_abs_diff"] for (s, _), r in rows.items() if s != "none"]
     out += ["", f"Plain PyTorch peaks at {span(none.values(), lambda v: f'{v:,.0f}')} KiB a token. The Mamba layers "
             f"keep {mamba / 1024:,.0f} KiB a token ({mamba / sum(kept['none'].values()):.0%} of what the model "
-            f"keeps), most of it the fused scan's own saved in-projection output, which no cache rule touches; "
+            f"keeps), about half of it the fused scan's own saved in-projection output, which no cache rule touches; "
             f"before the norms kept their bf16 inputs instead of float32 copies, the one line gave {was} "
             f"{cite(KERNEL_RUN_BEFORE)}. The kernels' backward is not deterministic: plain PyTorch's gradients "
             f"differ between two of its own runs by up to {max(floors):.3g}, the strategies' from plain PyTorch's "

@@ -12,6 +12,7 @@ same run.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass
 
 import torch
@@ -43,6 +44,7 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
     from actzip.kernels import sparse_encode as E
 
     bw = copy_bandwidth(device)
+    decoder = inspect.signature(K.decompress).parameters["variant"].default  # what every row's decode ran
     rows = []
     for dname in cfg.dtypes:
         dtype = getattr(torch, dname)
@@ -94,7 +96,7 @@ def run_kernels(cfg: KernelBenchConfig, device: torch.device) -> dict:
 
                 rows.append({
                     "dtype": dname, "density": density, "sign_pack": sign_pack, "numel": n, "exact": exact,
-                    "payload_bytes": payload, "dense_bytes": dense,
+                    "payload_bytes": payload, "dense_bytes": dense, "decoder": decoder,
                     "encode_s": timed["enc"], "decode_s": timed["dec"],
                     "encode_bw": moved / timed["enc"], "decode_bw": moved / timed["dec"],
                     "encode_frac_copy": frac("enc", moved), "decode_frac_copy": frac("dec", moved),

@@ -106,7 +106,7 @@ def test_the_kernel_table_checks_the_copy_target_at_every_density(tmp_path):
     _write(root, figures_memory_docs.KERNELS, rec)
     text = figures.render("memory-kernels", root)
     assert "256M bfloat16 elements, densities 0.5 / 0.2" in text
-    assert "| decode | 1.500 / 1.200 | 63% / 53% |" in text
+    assert "| decode (gather decoder) | 1.500 / 1.200 | 63% / 53% |" in text
     assert "reached by the float32 decode (85% / 75%) only" in text and "(`results/h200/kernels.json`)" in text
     for r in rec["runs"]:
         r["decode_frac_copy"] = 0.5

@@ -34,6 +34,16 @@ def saved_bytes(block, x):
     return cache.last
 
 
+def gradients(models, x):
+    """Input and parameter gradients of each model after one backward of the same loss from ``x``."""
+    grads = []
+    for m in models:
+        xi = x.clone().requires_grad_()
+        m(xi).float().square().sum().backward()
+        grads.append([xi.grad] + [p.grad for p in m.parameters()])
+    return grads
+
+
 @pytest.mark.parametrize("norm", [nn.LayerNorm, nn.RMSNorm])
 def test_marked_norm_output_is_rebuilt_not_kept_and_gradients_are_identical(norm):
     torch.manual_seed(0)
@@ -42,12 +52,7 @@ def test_marked_norm_output_is_rebuilt_not_kept_and_gradients_are_identical(norm
     handles = mark_norm_outputs(marked)
     assert len(handles) == 2  # the block around the norm's forward and the mark after it
     x = torch.randn(64, 32)
-    grads = []
-    for m in (ref, marked):
-        xi = x.clone().requires_grad_()
-        m(xi).float().square().sum().backward()
-        grads.append([xi.grad] + [p.grad for p in m.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert all(torch.equal(a, b) for a, b in zip(*gradients((ref, marked), x)))
     plain, rebuilt = saved_bytes(ref, x.clone().requires_grad_()), saved_bytes(marked, x.clone().requires_grad_())
     n_bytes = x.numel() * x.element_size()
     # the MLP's input (the norm output, saved by up and for a recompute) is a handle now: n's bytes fewer
@@ -156,12 +161,7 @@ def test_an_upcasting_norm_keeps_its_input_not_its_float32_copy_and_gradients_ar
     marked = copy.deepcopy(ref)
     mark_norm_outputs(marked)
     x = torch.randn(64, 32).to(dtype)
-    grads = []
-    for m in (ref, marked):
-        xi = x.clone().requires_grad_()
-        m(xi).float().square().sum().backward()
-        grads.append([xi.grad] + [p.grad for p in m.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert all(torch.equal(a, b) for a, b in zip(*gradients((ref, marked), x)))
     plain, rebuilt = saved_bytes(ref, x.clone().requires_grad_()), saved_bytes(marked, x.clone().requires_grad_())
     upcast = x.numel() * 4
     # LlamaRMSNorm saves x.float() for pow and for the multiply by rsqrt: both are handles now
