@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Third-party packages the library may use only inside functions or try blocks (optional dependencies).
-OPTIONAL_DEPENDENCIES = frozenset({"triton", "transformers", "peft", "scipy", "rich", "matplotlib"})
+OPTIONAL_DEPENDENCIES = frozenset({"triton", "transformers", "peft", "scipy", "rich", "matplotlib",
+                                   "safetensors"})
 # What the library may import at module top level, besides the standard library and itself.
 REQUIRED_DEPENDENCIES = frozenset({"torch", "numpy"})
 LINE_LIMIT = 500
@@ -23,18 +24,19 @@ LINE_LIMIT = 500
 # Layer of each library module, by its name's prefix (longest prefix wins); "api" sits beside core.
 LAYER_PREFIXES = {"actzip.core": "core", "actzip.errors": "core", "actzip.api": "api", "actzip.kernels": "kernels",
                   "actzip.codecs": "codecs", "actzip.memory": "memory", "actzip.wire": "wire", "actzip.rl": "rl",
-                  "actzip.split": "split"}
+                  "actzip.split": "split", "actzip.prompt": "prompt"}
 # layer -> the layers it must not import
 # (rl applies the memory planner around an RL update; memory takes exposures as tensors, never from rl)
 FORBIDDEN_LAYERS = {
-    "core": {"api", "kernels", "codecs", "memory", "wire", "rl", "split"},
-    "api": {"kernels", "codecs", "memory", "wire", "rl", "split"},
-    "kernels": {"codecs", "memory", "wire", "rl", "split"},
-    "codecs": {"memory", "wire", "rl", "split"},
-    "memory": {"wire", "rl", "split"},
-    "wire": {"memory", "rl", "split"},
-    "rl": {"wire", "split"},
-    "split": {"memory", "rl"},  # split learning sends over the wire; it keeps nothing for backward
+    "core": {"api", "kernels", "codecs", "memory", "wire", "rl", "split", "prompt"},
+    "api": {"kernels", "codecs", "memory", "wire", "rl", "split", "prompt"},
+    "kernels": {"codecs", "memory", "wire", "rl", "split", "prompt"},
+    "codecs": {"memory", "wire", "rl", "split", "prompt"},
+    "memory": {"wire", "rl", "split", "prompt"},
+    "wire": {"memory", "rl", "split", "prompt"},
+    "rl": {"wire", "split", "prompt"},
+    "split": {"memory", "rl", "prompt"},  # split learning sends over the wire; it keeps nothing for backward
+    "prompt": {"memory", "wire", "rl", "split"},  # prompt hooks a model's forward; it keeps and sends nothing
 }
 # Exception types of the standard library an actzip error may derive from.
 BUILTIN_ERRORS = frozenset(n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, Exception)

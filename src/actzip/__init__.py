@@ -1,12 +1,13 @@
 """actzip: compress PyTorch activations wherever they are held or sent."""
 
-from actzip import codecs, compat, errors, memory
+from actzip import codecs, compat, errors, memory, prompt
 from actzip.errors import *  # noqa: F401,F403  (every error is exported at the top level too)
 from actzip.api import CompressReport, compress_, restore_
 from actzip.memory.cache import CacheConfig, cache
 from actzip.memory.lora import LoRAConfig
 from actzip.memory.modules import Fp8LinearConfig, SketchedLinearConfig, SparseMLPConfig
 from actzip.memory.planner import PlannerConfig
+from actzip.prompt import PromptVectorConfig
 
 __version__ = "0.1.0"
 
@@ -29,11 +30,13 @@ __all__ = [
     "SketchedLinearConfig",
     "SparseMLPConfig",
     "PlannerConfig",
+    "PromptVectorConfig",
     "cache",
     "codecs",
     "compress_",
     "errors",
     "memory",
+    "prompt",
     "restore_",
     "wire",
     *errors.__all__,

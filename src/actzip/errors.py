@@ -19,6 +19,7 @@ __all__ = [
     "NothingToCompressError",
     "NothingToRestoreError",
     "PayloadError",
+    "PromptVectorMismatchError",
     "UnknownCodecError",
     "UnknownConfigError",
     "UnsupportedDtypeError",
@@ -67,6 +68,10 @@ class MissingDependencyError(ActzipError, ImportError):
 
 class KernelUnavailableError(ConfigError):
     """A Triton kernel was asked for (``kernel="triton"``) but cannot run here; the message says why."""
+
+
+class PromptVectorMismatchError(ConfigError):
+    """A saved prompt vector was fitted on another model (class, width or block count) than the one given."""
 
 
 # -- tensors and payloads ------------------------------------------------------------------------------------
