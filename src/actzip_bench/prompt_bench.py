@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import pathlib
 import statistics
+import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from actzip.errors import ConfigError
+from actzip.errors import ConfigError, DataError
 from actzip_bench.data.instructions import InstructionSuite, InstructionSuiteConfig, prompt_ids
 from actzip_bench.prompt_methods import METHODS, FitSettings, evaluate_task
 from actzip_bench.prompt_model import (QUICK_MODEL, PromptModelConfig, load_reference_model, save_reference_model,
@@ -47,7 +48,10 @@ class PromptBenchConfig:
     splits: tuple[str, ...] = EVAL_SPLITS
     sweep_extract: tuple[int, ...] = ()  # L_e values of the sweep (empty: quarters of the depth)
     sweep_inject: tuple[int, ...] = (0, 1, 2)  # L_i values of the sweep
-    sweep_tasks: int = 6  # tasks per held-out split in the sweep (first seed only)
+    sweep_tasks: int = 4  # tasks per held-out split in the sweep (first seed only; 0: no sweep)
+    # only the sweep, on the first seed's model in model_dir (waited for while another process trains it), so
+    # that the sweep can run beside the main protocol
+    sweep_only: bool = False
     model_dir: str | None = None  # where reference models are saved / loaded (one file per seed)
     device: str = "auto"
 
@@ -60,6 +64,8 @@ class PromptBenchConfig:
             raise ConfigError(f"bench prompt: unknown splits {sorted(bad)}; known: {list(EVAL_SPLITS)}")
         if not self.seeds:
             raise ConfigError("bench prompt: seeds is empty")
+        if self.sweep_only and not self.model_dir:
+            raise ConfigError("bench prompt: sweep_only reads the first seed's model from model_dir; set model_dir")
         if self.n_fit < 1 or self.n_test < 1 or self.per_family < 1:
             raise ConfigError("bench prompt: n_fit, n_test and per_family must be >= 1")
         n = self.model.n_layer
@@ -104,6 +110,17 @@ def _model_for_seed(cfg: PromptBenchConfig, suite_cfg, seed, device, progress):
     if path is not None:
         save_reference_model(path, model, cfg.model, suite_cfg, log)
     return model, log
+
+
+def _wait_for_model(cfg: PromptBenchConfig, suite_cfg, seed: int, device, progress, timeout_s: float = 900.0):
+    path = pathlib.Path(cfg.model_dir, f"reference-seed{seed}.pt")
+    start = time.monotonic()
+    while not path.is_file():
+        if time.monotonic() - start > timeout_s:
+            raise DataError(f"bench prompt --sweep-only: {path} did not appear within {timeout_s:.0f} s")
+        progress(f"waiting for {path}")
+        time.sleep(5)
+    return _model_for_seed(cfg, suite_cfg, seed, device, progress)
 
 
 def _sweep(model, suite, cfg: PromptBenchConfig, seed: int, progress) -> list[dict]:
@@ -152,12 +169,20 @@ def _probe(vectors: list[tuple[str, torch.Tensor]], bijection: list[dict]) -> di
     return out
 
 
-def run_prompt_bench(cfg: PromptBenchConfig, progress: Callable[[str], None] = lambda s: None) -> dict:
-    """Run the protocol above; returns the record (rows, summary, sweep, probe, costs, training logs)."""
+def run_prompt_bench(cfg: PromptBenchConfig, progress: Callable[[str], None] = lambda s: None,
+                     checkpoint: Callable[[dict], None] | None = None) -> dict:
+    """Run the protocol above; returns the record (rows, summary, sweep, probe, costs, training logs).
+
+    ``checkpoint(partial_record)`` is called after every task, so that a run cut short keeps its rows.
+    """
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
     suite_cfg = InstructionSuiteConfig()
     suite = InstructionSuite(suite_cfg)
+    if cfg.sweep_only:
+        model, log = _wait_for_model(cfg, suite_cfg, cfg.seeds[0], device, progress)
+        return {"config": _config_dict(cfg), "rows": [], "training": [log], "summary": {}, "cost": {}, "probe": {},
+                "sweep": _sweep(model, suite, cfg, cfg.seeds[0], progress)}
     rows, training, sweep, probe_vectors, bijection = [], [], [], [], []
     for seed in cfg.seeds:
         model, log = _model_for_seed(cfg, suite_cfg, seed, device, progress)
@@ -178,7 +203,9 @@ def run_prompt_bench(cfg: PromptBenchConfig, progress: Callable[[str], None] = l
                             bijection.append({"n": len(test), "accuracy": res.accuracy,
                                               "answers_in_labels": sum(a in labels for a in res.answers)})
                 progress(f"seed {seed}: {split} {task.family}")
-        if seed == cfg.seeds[0] and "vector" in cfg.methods:
+                if checkpoint is not None:
+                    checkpoint({"config": _config_dict(cfg), "rows": rows, "training": training})
+        if seed == cfg.seeds[0] and "vector" in cfg.methods and cfg.sweep_tasks:
             sweep = _sweep(model, suite, cfg, seed, progress)
         del model
     record = {"config": _config_dict(cfg), "rows": rows, "training": training, "sweep": sweep,

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from actzip.prompt import PromptVector, PromptVectorConfig
 from actzip.prompt.hooks import capture, inject
+from actzip.prompt.layers import decoder_blocks, forward_logits
 from actzip_bench.data.instructions import ANSWER_END, answer_ids, prompt_ids, query_ids
 
 __all__ = ["FitSettings", "METHODS", "MethodResult", "SLOT_BYTE", "evaluate_task", "greedy_answers"]
@@ -43,7 +44,7 @@ class FitSettings:
 
     steps: int = 150  # Adam steps on the fit examples, all in one batch
     lr: float = 0.05  # for logits and coefficients; free vectors take lr times their start's RMS
-    extract_layer: int = 4  # the vector's L_e
+    extract_layer: int = 3  # the vector's L_e (the reference model's middle)
     inject_layer: int = 1  # the vector's L_i
 
 
@@ -78,7 +79,7 @@ def greedy_answers(model, rows: Sequence[torch.Tensor], max_new: int) -> list[st
     live = torch.ones(n, dtype=torch.bool)
     for _ in range(max_new):
         t = int(lengths.max())
-        logits, _ = model(buf[:, :t].to(device))
+        logits = forward_logits(model, buf[:, :t].to(device))
         nxt = logits[torch.arange(n, device=device), (lengths - 1).to(device)].argmax(-1).cpu()
         for i in torch.nonzero(live).flatten().tolist():
             tok = int(nxt[i])
@@ -125,7 +126,7 @@ def _fit(model, params: list[torch.Tensor], context: Callable[[], contextlib.Abs
     try:
         for _ in range(steps):
             with context():
-                logits, _ = model(x)
+                logits = forward_logits(model, x)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -144,7 +145,7 @@ def _slot_rows(queries: Sequence[str]) -> list[torch.Tensor]:
 
 def _prompt_states(model, prompt: torch.Tensor, layers) -> dict[int, torch.Tensor]:
     with torch.no_grad(), capture(model, layers) as cap:
-        model(prompt.unsqueeze(0).to(_device(model)))
+        forward_logits(model, prompt.unsqueeze(0).to(_device(model)))
     return {layer: cap.states[layer][0].detach() for layer in layers}
 
 
@@ -173,7 +174,7 @@ def _run_vector(model, task, fit, test, settings):
 
 
 def _run_task_vector(model, task, fit, test, settings):
-    n = len(model.h)
+    n = len(decoder_blocks(model))
     states = _prompt_states(model, prompt_ids(task), range(1, n))
     best, best_acc = 1, -1.0
     start = time.perf_counter()
@@ -204,10 +205,13 @@ def _run_soft_prompt(model, task, fit, test, settings):
 def _added_everywhere(model, vectors: torch.Tensor, coef: torch.Tensor) -> Iterator[None]:
     """Add ``coef[l] * vectors[l]`` to every position of the stream entering block ``l``."""
     handles = []
-    for layer, block in enumerate(model.h):
-        def hook(module, args, layer=layer):
-            return (args[0] + (coef[layer] * vectors[layer]).to(args[0].dtype),) + tuple(args[1:])
-        handles.append(block.register_forward_pre_hook(hook))
+    for layer, block in enumerate(decoder_blocks(model)):
+        def hook(module, args, kwargs, layer=layer):
+            add = lambda h: h + (coef[layer] * vectors[layer]).to(h.dtype)  # noqa: E731
+            if args:
+                return (add(args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": add(kwargs["hidden_states"])}
+        handles.append(block.register_forward_pre_hook(hook, with_kwargs=True))
     try:
         yield
     finally:
@@ -216,7 +220,7 @@ def _added_everywhere(model, vectors: torch.Tensor, coef: torch.Tensor) -> Itera
 
 
 def _run_i2cl(model, task, fit, test, settings):
-    n = len(model.h)
+    n = len(decoder_blocks(model))
     states = _prompt_states(model, prompt_ids(task), range(n))
     vectors = torch.stack([states[layer].mean(0).float() for layer in range(n)])
     coef = torch.zeros(n, device=vectors.device, requires_grad=True)

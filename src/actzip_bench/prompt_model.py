@@ -1,7 +1,10 @@
-"""The reference model that follows instructions: the project's byte-level GPT trained on the generated
-instruction suite plus standard-library source, saved and loaded as one file.
+"""The reference model that follows instructions: a small byte-level HuggingFace Llama (vocabulary 256, one
+token a byte) trained on the generated instruction suite plus standard-library source, saved and loaded as one
+file.
 
-No pretrained decoder ships in a package, so the prompt benchmark trains its own. A batch holds instruction
+No pretrained decoder ships in a package, so the prompt benchmark trains its own. Rotary positions, not a learned
+position table: every training row starts with its instruction, so a model with absolute positions would never
+have seen a query near the start of a sequence, where the vector puts it. A batch holds instruction
 rows (a task's prompt, then one to four ``query = answer`` pairs of it; loss on the answer bytes only) and source
 rows (every byte scored); the two mean losses are added, so the few answer bytes are not drowned by source text.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import pathlib
 import random
 import time
@@ -21,7 +25,6 @@ import torch
 from actzip.errors import ConfigError, DataError
 from actzip_bench.data.corpus import Corpus
 from actzip_bench.data.instructions import InstructionSuite, InstructionSuiteConfig, instruction_batch
-from actzip_bench.models.gpt import GPT, GPTConfig
 
 __all__ = ["PromptModelConfig", "QUICK_MODEL", "load_reference_model", "save_reference_model",
            "train_reference_model"]
@@ -31,11 +34,11 @@ __all__ = ["PromptModelConfig", "QUICK_MODEL", "load_reference_model", "save_ref
 class PromptModelConfig:
     """Shape of the reference model and how it is trained."""
 
-    n_layer: int = 8  # transformer blocks
-    n_head: int = 8  # attention heads per block
+    n_layer: int = 6  # transformer blocks
+    n_head: int = 6  # attention heads per block
     n_embd: int = 384  # residual width
     block_size: int = 192  # longest sequence (a prompt and four pairs fit)
-    steps: int = 4000  # optimizer steps
+    steps: int = 5000  # optimizer steps
     batch_size: int = 96  # instruction rows a step
     corpus_rows: int = 32  # source rows a step (0: instructions only)
     corpus_weight: float = 0.25  # weight of the source loss beside the answer loss
@@ -44,6 +47,7 @@ class PromptModelConfig:
     warmup: int = 200  # warm-up steps
     weight_decay: float = 0.1
     bf16: bool = True  # autocast to bfloat16 on CUDA (CPU runs stay float32)
+    rope_theta: float = 10000.0  # rotary base
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "steps", "batch_size"):
@@ -57,9 +61,17 @@ class PromptModelConfig:
         if not (0 <= self.warmup < self.steps):
             raise ConfigError(f"PromptModelConfig.warmup: in [0, steps), got {self.warmup}")
 
-    def gpt_config(self) -> GPTConfig:
-        return GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, block_size=self.block_size,
-                         vocab_size=256, activation="gelu", bias=False, dropout=0.0)
+    def build(self):
+        """A freshly initialized ``LlamaForCausalLM`` of this shape (float32, train mode)."""
+        import transformers
+
+        hidden = -(-(8 * self.n_embd // 3) // 64) * 64  # SwiGLU width, Llama's 8/3 rounded up to 64
+        config = transformers.LlamaConfig(
+            vocab_size=256, hidden_size=self.n_embd, intermediate_size=hidden, num_hidden_layers=self.n_layer,
+            num_attention_heads=self.n_head, num_key_value_heads=self.n_head, max_position_embeddings=self.block_size,
+            rope_theta=self.rope_theta, tie_word_embeddings=True, bos_token_id=None, eos_token_id=ord("\n"),
+            pad_token_id=0, attn_implementation="sdpa")
+        return transformers.LlamaForCausalLM(config)
 
 
 #: What ``--quick`` trains on a 2-core CPU in about two minutes.
@@ -74,14 +86,21 @@ def _lr_at(cfg: PromptModelConfig, step: int) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def _answer_loss(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    logits, _ = model(x)
+def _loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=x, use_cache=False).logits
     return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+
+
+def _optimizer(model, cfg: PromptModelConfig) -> torch.optim.AdamW:
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=all(p.is_cuda for p in params))
 
 
 def train_reference_model(cfg: PromptModelConfig, suite_cfg: InstructionSuiteConfig, seed: int,
                           device: torch.device, progress: Callable[[int, float], None] | None = None
-                          ) -> tuple[GPT, dict]:
+                          ) -> tuple[torch.nn.Module, dict]:
     """Train a fresh reference model; returns it (eval mode) and a log of its losses.
 
     ``progress(step, answer_loss)`` is called every 50 steps (a host sync there: this is a benchmark's set-up,
@@ -90,8 +109,8 @@ def train_reference_model(cfg: PromptModelConfig, suite_cfg: InstructionSuiteCon
     torch.manual_seed(seed)
     suite = InstructionSuite(suite_cfg)
     rng = random.Random(seed)
-    model = GPT(cfg.gpt_config()).to(device)
-    opt = model.configure_optimizer(lr=cfg.lr, weight_decay=cfg.weight_decay)
+    model = cfg.build().to(device)
+    opt = _optimizer(model, cfg)
     corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes) if cfg.corpus_rows else None
     gen = torch.Generator().manual_seed(seed)
     autocast = torch.autocast("cuda", torch.bfloat16, enabled=cfg.bf16 and device.type == "cuda")
@@ -104,11 +123,11 @@ def train_reference_model(cfg: PromptModelConfig, suite_cfg: InstructionSuiteCon
         x, y = instruction_batch(suite, cfg.batch_size, cfg.block_size, rng, split="train")
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast:
-            loss = _answer_loss(model, x, y)
+            loss = _loss(model, x, y)
             corpus_loss = None
             if corpus is not None:
                 cx, cy = corpus.get_batch("train", cfg.corpus_rows, cfg.block_size, generator=gen, device=device)
-                _, corpus_loss = model(cx, cy)
+                corpus_loss = _loss(model, cx, cy)
                 total = loss + cfg.corpus_weight * corpus_loss
             else:
                 total = loss
@@ -127,17 +146,19 @@ def train_reference_model(cfg: PromptModelConfig, suite_cfg: InstructionSuiteCon
     return model, {"seed": seed, "seconds": time.perf_counter() - start, "log": log}
 
 
-def save_reference_model(path: str | pathlib.Path, model: GPT, cfg: PromptModelConfig,
+def save_reference_model(path: str | pathlib.Path, model: torch.nn.Module, cfg: PromptModelConfig,
                          suite_cfg: InstructionSuiteConfig, train_log: dict) -> None:
     """One file: weights, the model's and the suite's configs, and the training log."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save({"model": state, "config": asdict(cfg), "suite": asdict(suite_cfg), "train": train_log}, path)
+    partial = path.with_suffix(path.suffix + ".partial")  # renamed when whole: a reader never sees half a file
+    torch.save({"model": state, "config": asdict(cfg), "suite": asdict(suite_cfg), "train": train_log}, partial)
+    os.replace(partial, path)
 
 
 def load_reference_model(path: str | pathlib.Path, device: torch.device
-                         ) -> tuple[GPT, PromptModelConfig, InstructionSuiteConfig, dict]:
+                         ) -> tuple[torch.nn.Module, PromptModelConfig, InstructionSuiteConfig, dict]:
     """The model ``save_reference_model`` wrote (eval mode), with its configs and training log."""
     path = pathlib.Path(path)
     if not path.is_file():
@@ -148,6 +169,6 @@ def load_reference_model(path: str | pathlib.Path, device: torch.device
     fields = {f.name for f in dataclasses.fields(InstructionSuiteConfig)}
     suite_cfg = InstructionSuiteConfig(**{k: (tuple(v) if isinstance(v, list) else v)
                                           for k, v in blob["suite"].items() if k in fields})
-    model = GPT(cfg.gpt_config())
+    model = cfg.build()
     model.load_state_dict(blob["model"])
     return model.to(device).eval(), cfg, suite_cfg, blob["train"]

@@ -9,7 +9,7 @@ import torch
 from actzip.errors import ConfigError, DataError
 from actzip_bench.cli import main
 from actzip_bench.data.instructions import InstructionSuite, InstructionSuiteConfig, prompt_ids, query_ids
-from actzip_bench.models.gpt import GPT, GPTConfig
+from actzip.prompt.layers import forward_logits
 from actzip_bench.prompt_bench import PromptBenchConfig, prefill_cost, run_prompt_bench
 from actzip_bench.prompt_methods import FitSettings, evaluate_task, greedy_answers
 from actzip_bench.prompt_model import (PromptModelConfig, load_reference_model, save_reference_model,
@@ -54,7 +54,7 @@ def test_a_saved_model_trained_otherwise_is_refused(tmp_path):
 
 def test_i2cl_with_no_fit_steps_answers_as_no_prompt():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=112)).eval()
+    model = TINY.build().eval()
     suite = InstructionSuite()
     task = suite.tasks("heldout_family", 1, 0)[0]
     fit, test = suite.split_examples(task, 2, 4, 0)
@@ -65,7 +65,7 @@ def test_i2cl_with_no_fit_steps_answers_as_no_prompt():
 
 def test_batched_greedy_matches_one_row_at_a_time():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=112)).eval()
+    model = TINY.build().eval()
     task = InstructionSuite().tasks("train", 1, 0)[3]
     rows = [torch.cat([prompt_ids(task), query_ids(q)]) for q in ("ab", "hello", "x")] + [query_ids("abcdefgh")]
     batched = greedy_answers(model, rows, 6)
@@ -75,7 +75,7 @@ def test_batched_greedy_matches_one_row_at_a_time():
     seq = rows[1].clone()
     out = []
     for _ in range(6):
-        tok = int(model(seq[None])[0][0, -1].argmax())
+        tok = int(forward_logits(model, seq[None])[0, -1].argmax())
         seq = torch.cat([seq, torch.tensor([tok])])
         if tok == ord("\n"):
             break
@@ -90,7 +90,7 @@ def test_reference_model_file_round_trip(tmp_path):
     again, cfg, suite_cfg, _ = load_reference_model(tmp_path / "m.pt", torch.device("cpu"))
     x = torch.randint(0, 256, (2, 20))
     assert cfg == TINY and suite_cfg == InstructionSuiteConfig()
-    assert torch.equal(model(x)[0], again(x)[0])
+    assert torch.equal(forward_logits(model, x), forward_logits(again, x))
     with pytest.raises(DataError, match="does not exist"):
         load_reference_model(tmp_path / "none.pt", torch.device("cpu"))
 
@@ -125,3 +125,21 @@ def test_cli_merges_per_seed_records(tmp_path, capsys):
     assert len(merged["summary"]["heldout_labels"]["full"]["per_seed"]) == 2
     assert "prompt -> one vector" in capsys.readouterr().out
     assert main(["bench", "prompt", "--merge", str(paths[0]), str(paths[0])]) == 2  # a seed twice
+
+
+def test_a_sweep_alone_runs_on_the_saved_model_and_merges_beside_the_seeds(tmp_path):
+    main_rec = run_prompt_bench(_cfg(tmp_path, methods=("full", "vector"), sweep_tasks=0))
+    assert main_rec["sweep"] == []
+    sweep_rec = run_prompt_bench(_cfg(tmp_path, methods=("full", "vector"), sweep_only=True))
+    assert sweep_rec["rows"] == [] and sweep_rec["training"][0]["loaded_from"].endswith("reference-seed0.pt")
+    paths = []
+    for name, rec in (("main", main_rec), ("sweep", sweep_rec)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(rec))
+    out = tmp_path / "merged.json"
+    assert main(["bench", "prompt", "--merge", *map(str, paths), "--json", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["sweep"] == sweep_rec["sweep"] and merged["rows"] == main_rec["rows"]
+    assert (tmp_path / "merged.png").is_file()
+    with pytest.raises(ConfigError, match="model_dir"):
+        PromptBenchConfig(sweep_only=True)

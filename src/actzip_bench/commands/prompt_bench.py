@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from actzip.errors import ConfigError
-from actzip_bench.commands.common import LIST_OPTIONS, command_line, write_json
+from actzip_bench.commands.common import LIST_OPTIONS, command_line, write_json, write_partial
 
 _METHOD_NAMES = {"full": "full prompt", "none": "no prompt", "vector": "prompt vector", "task_vector": "task vector",
                  "soft_prompt": "soft prompt (1 token)", "i2cl": "I2CL-style"}
@@ -30,6 +30,8 @@ def _config(args: argparse.Namespace):
         if getattr(args, name) is not None:
             over[name] = getattr(args, name)
     fit = base.fit
+    if args.sweep_only:
+        over["sweep_only"] = True
     for name in ("extract_layer", "inject_layer", "steps"):
         if getattr(args, name) is not None:
             fit = replace(fit, **{name: getattr(args, name)})
@@ -45,19 +47,26 @@ def _merge(paths: list[str]) -> dict:
     """Records of one protocol run per seed (separate processes), as one record."""
     from actzip_bench.prompt_bench import summarize
 
-    records = [json.loads(Path(p).read_text()) for p in paths]
+    loaded = [json.loads(Path(p).read_text()) for p in paths]
+    records = [r for r in loaded if not r["config"].get("sweep_only")]
+    if not records:
+        raise ConfigError("bench prompt --merge: every record given is a sweep alone")
     first = records[0]
-    for p, r in zip(paths[1:], records[1:]):
-        a = {k: v for k, v in r["config"].items() if k != "seeds"}
-        b = {k: v for k, v in first["config"].items() if k != "seeds"}
+    own = ("seeds", "sweep_only", "sweep_tasks")  # what the per-seed processes may differ in
+    for p, r in zip(paths, loaded):
+        a = {k: v for k, v in r["config"].items() if k not in own}
+        b = {k: v for k, v in first["config"].items() if k not in own}
         if a != b:
-            raise ConfigError(f"bench prompt --merge: {p} ran another config than {paths[0]}")
+            raise ConfigError(f"bench prompt --merge: {p} ran another config than the first record")
+        if r.get("partial"):
+            raise ConfigError(f"bench prompt --merge: {p} is a partial record (its run was cut short)")
     seeds = [s for r in records for s in r["config"]["seeds"]]
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"bench prompt --merge: seeds repeat across the records: {seeds}")
     rows = [row for r in records for row in r["rows"]]
     merged = {**first, "rows": rows, "training": [t for r in records for t in r["training"]],
-              "summary": summarize(rows, seeds), "merged_from": [r.get("command") for r in records]}
+              "sweep": [row for r in loaded for row in r.get("sweep", [])],
+              "summary": summarize(rows, seeds), "merged_from": [r.get("command") for r in loaded]}
     merged["config"] = {**first["config"], "seeds": seeds}
     return merged
 
@@ -66,6 +75,9 @@ def _print(record: dict, console) -> None:
     from rich.table import Table
 
     summary = record["summary"]
+    if not summary:
+        console.print(f"sweep: {len(record['sweep'])} (task, L_e, L_i) rows")
+        return
     splits = [s for s in ("train", "heldout_paraphrase", "heldout_labels", "heldout_family", "held_out")
               if s in summary]
     table = Table(title=f"prompt -> one vector, accuracy (mean of {len(record['config']['seeds'])} seeds, spread)")
@@ -89,6 +101,12 @@ def _print(record: dict, console) -> None:
                       f"(chance {probe['task_identity_chance']:.2f})")
 
 
+def _quiet_partial(record: dict, args: argparse.Namespace) -> None:
+    from rich.console import Console
+
+    write_partial(record, args, Console(quiet=True))
+
+
 def _bench_prompt(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
@@ -106,13 +124,20 @@ def _bench_prompt(args: argparse.Namespace) -> int:
         columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("starting")
-            record = run_prompt_bench(cfg, progress=lambda s: bar.update(task, description=s))
+            record = run_prompt_bench(cfg, progress=lambda s: bar.update(task, description=s),
+                                      checkpoint=lambda partial: _quiet_partial(partial, args))
         device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                               ("cpu" if cfg.device == "auto" else cfg.device))
         record["machine"] = machine_record(device)
     record["command"] = command_line(args)
     _print(record, console)
     write_json(record, args.json, console)
+    if args.json and record["summary"]:
+        from actzip_bench.figures_prompt import plot_accuracy
+
+        png = Path(args.json).with_suffix(".png")
+        plot_accuracy(record, png)
+        console.print(f"wrote {png}")
     return 0
 
 
@@ -132,6 +157,8 @@ def add_parsers(bench) -> None:
     pb.add_argument("--steps", type=int, help="Adam steps of every fitted method")
     pb.add_argument("--train-steps", type=int, dest="train_steps", help="training steps of the reference model")
     pb.add_argument("--sweep-tasks", type=int, dest="sweep_tasks", help="tasks per held-out split in the sweep")
+    pb.add_argument("--sweep-only", action="store_true", dest="sweep_only",
+                    help="only the (L_e, L_i) sweep, on the first seed's model in --model-dir (waits for it)")
     pb.add_argument("--model-dir", dest="model_dir", help="save / load the reference models here")
     pb.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
     pb.add_argument("--merge", nargs="+", help="merge these per-seed records into one (no run)")

@@ -1,0 +1,122 @@
+"""docs/prompt.md figures (see :mod:`actzip_bench.figures`) from the merged ``actzip bench prompt`` record, and the
+bench's PNG (accuracy per method and split, with each seed's value)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from actzip_bench.figure_helpers import cite, load
+
+__all__ = ["METHOD_NAMES", "RENDERERS", "SPLIT_NAMES", "plot_accuracy"]
+
+RUN = "results/h200/prompt.json"
+METHOD_NAMES = {"full": "full prompt", "vector": "prompt vector", "none": "no prompt", "task_vector": "task vector",
+                "soft_prompt": "soft prompt (1 token)", "i2cl": "I2CL-style"}
+SPLIT_NAMES = {"train": "seen", "heldout_paraphrase": "held-out wording", "heldout_labels": "held-out labels",
+               "heldout_family": "held-out family", "held_out": "all held-out"}
+ONE_SLOT = ("task_vector", "soft_prompt")
+
+
+def _cell(entry: dict | None) -> str:
+    if entry is None:
+        return ""
+    lo, hi = min(entry["per_seed"]), max(entry["per_seed"])
+    return f"{entry['mean']:.1%} ({lo:.1%}–{hi:.1%})"
+
+
+def _positions(rec: dict, method: str) -> str:
+    rows = [r["prompt_positions"] for r in rec["rows"] if r["method"] == method]
+    return f"{statistics.mean(rows):.1f}" if rows else ""
+
+
+def accuracy(root: Path) -> str:
+    rec = load(root, RUN)
+    summary, c = rec["summary"], rec["config"]
+    splits = [s for s in SPLIT_NAMES if s in summary]
+    methods = [m for m in METHOD_NAMES if m in summary[splits[0]]]
+    lines = ["| method | prompt positions | " + " | ".join(SPLIT_NAMES[s] for s in splits) + " |",
+             "|---|---:|" + "---:|" * len(splits)]
+    for m in methods:
+        lines.append(f"| {METHOD_NAMES[m]} | {_positions(rec, m)} | "
+                     + " | ".join(_cell(summary[s].get(m)) for s in splits) + " |")
+    held = summary["held_out"]
+    gap = (held["vector"]["mean"] - held["full"]["mean"]) * 100
+    best = max((m for m in ONE_SLOT if m in held), key=lambda m: held[m]["mean"])
+    over = (held["vector"]["mean"] - held[best]["mean"]) * 100
+    model, fit = c["model"], c["fit"]
+    n_tasks = len({(r["seed"], r["split"], r["instance"], r["task"]) for r in rec["rows"]})
+    lines += ["", f"Exact-match accuracy, mean of {len(c['seeds'])} seeds (their range in brackets), {n_tasks} tasks "
+              f"in all, {c['n_fit']} fit examples and {c['n_test']} test queries a task. Reference model: "
+              f"{model['n_layer']} blocks, width {model['n_embd']}, {model['steps']} training steps; vector "
+              f"L_e = {fit['extract_layer']}, L_i = {fit['inject_layer']}, {fit['steps']} Adam steps for every "
+              f"fitted method. On the held-out splits the vector is {gap:+.1f} points from the full prompt (target: "
+              f"within 1) and {over:+.1f} points from the best one-slot baseline, {METHOD_NAMES[best]} (target: "
+              f"+3) {cite(RUN)}."]
+    return "\n".join(lines)
+
+
+def sweep(root: Path) -> str:
+    rec = load(root, RUN)
+    rows = rec["sweep"]
+    les = sorted({r["extract_layer"] for r in rows})
+    lis = sorted({r["inject_layer"] for r in rows})
+    lines = ["| L_e \\ L_i | " + " | ".join(str(i) for i in lis) + " |", "|---:|" + "---:|" * len(lis)]
+    for le in les:
+        cells = []
+        for li in lis:
+            acc = [r["accuracy"] for r in rows if r["extract_layer"] == le and r["inject_layer"] == li]
+            cells.append(f"{statistics.mean(acc):.1%}" if acc else "")
+        lines.append(f"| {le} | " + " | ".join(cells) + " |")
+    n = len({(r["split"], r["task"]) for r in rows})
+    lines += ["", f"Prompt-vector accuracy over (L_e, L_i) on {n} held-out tasks of seed {rec['config']['seeds'][0]} "
+              f"({len(les) * len(lis)} settings; read on test queries, so the best cell is optimistic) {cite(RUN)}."]
+    return "\n".join(lines)
+
+
+def cost(root: Path) -> str:
+    rec = load(root, RUN)
+    cst, probe = rec["cost"], rec["probe"]
+    fits = sorted(r["fit_seconds"] for r in rec["rows"] if r["method"] == "vector")
+    lines = [f"Per query, the prompt's {cst['mean_prompt_positions']:.1f} positions (bytes) become one: with a typical "
+             f"{cst['query_positions']:g}-position query, {cst['flops_ratio']:.1f}x fewer prefill FLOPs and "
+             f"{cst['kv_ratio']:.1f}x fewer KV-cache bytes. A vector is fitted from {rec['config']['n_fit']} examples "
+             f"in {statistics.median(fits):.2f} s (median; at most {fits[-1]:.2f} s) on the "
+             f"{rec['machine'].get('gpu') or rec['machine'].get('host_cpu')}."]
+    if probe.get("task_identity_accuracy") is not None:
+        lines.append(f"Probes (seed {rec['config']['seeds'][0]}): the task family is read back from the vectors "
+                     f"by leave-one-out nearest centroid {probe['task_identity_accuracy']:.0%} of the time "
+                     f"({probe['task_identity_vectors']} vectors, chance {probe['task_identity_chance']:.0%}); on "
+                     f"the bijection tasks {probe['bijection_answers_in_prompt_labels']:.0%} of the vector's answers "
+                     f"are one of the prompt's own label words ({probe['bijection_accuracy']:.0%} right).")
+    return " ".join(lines) + f" {cite(RUN)}"
+
+
+def plot_accuracy(record: dict, path) -> None:
+    """Bars: mean accuracy per method and split; dots: each seed (one PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = record["summary"]
+    splits = [s for s in SPLIT_NAMES if s in summary and s != "held_out"]
+    methods = [m for m in METHOD_NAMES if m in summary[splits[0]]]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(methods)
+    for j, m in enumerate(methods):
+        xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(splits))]
+        ax.bar(xs, [summary[s][m]["mean"] for s in splits], width, label=METHOD_NAMES[m])
+        for x, s in zip(xs, splits):
+            ax.scatter([x] * len(summary[s][m]["per_seed"]), summary[s][m]["per_seed"], s=6, color="black")
+    ax.set_xticks(range(len(splits)), [SPLIT_NAMES[s] for s in splits])
+    ax.set_ylabel("exact-match accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"instruction prompt vs one vector ({len(record['config']['seeds'])} seeds)")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+RENDERERS = {"prompt-accuracy": accuracy, "prompt-sweep": sweep, "prompt-cost": cost}
