@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 from actzip.errors import ConfigError, DataError
 from actzip_bench.data.instructions import InstructionSuite, InstructionSuiteConfig, prompt_ids
-from actzip_bench.prompt_methods import METHODS, FitSettings, evaluate_task
+from actzip.prompt import PromptVector, PromptVectorConfig
+from actzip_bench.data.instructions import answer_ids, query_ids
+from actzip_bench.prompt_methods import METHODS, SLOT_BYTE, FitSettings, evaluate_tasks
 from actzip_bench.prompt_model import (QUICK_MODEL, PromptModelConfig, load_reference_model, save_reference_model,
                                        train_reference_model)
 
@@ -48,7 +50,7 @@ class PromptBenchConfig:
     splits: tuple[str, ...] = EVAL_SPLITS
     sweep_extract: tuple[int, ...] = ()  # L_e values of the sweep (empty: quarters of the depth)
     sweep_inject: tuple[int, ...] = (0, 1, 2)  # L_i values of the sweep
-    sweep_tasks: int = 4  # tasks per held-out split in the sweep (first seed only; 0: no sweep)
+    sweep_tasks: int = 8  # tasks per held-out split in the sweep (first seed only; 0: no sweep)
     # only the sweep, on the first seed's model in model_dir (waited for while another process trains it), so
     # that the sweep can run beside the main protocol
     sweep_only: bool = False
@@ -76,9 +78,10 @@ class PromptBenchConfig:
 
 
 def quick_config(**overrides) -> PromptBenchConfig:
-    """What ``--quick`` runs: a small model trained on the CPU, fewer tasks and queries, a 2 x 2 sweep."""
+    """What ``--quick`` runs: a small model trained on the CPU, one seed, the held-out splits only, fewer tasks
+    and queries, a 2 x 2 sweep."""
     base = PromptBenchConfig(model=QUICK_MODEL, fit=FitSettings(steps=60, extract_layer=2, inject_layer=1),
-                             seeds=(0,), per_family=1, min_tasks=0, n_fit=8, n_test=8, sweep_extract=(2, 4),
+                             seeds=(0,), splits=HELD_OUT, per_family=1, min_tasks=0, n_fit=8, n_test=8, sweep_extract=(2, 4),
                              sweep_inject=(0, 1), sweep_tasks=2)
     return replace(base, **overrides)
 
@@ -130,18 +133,28 @@ def _sweep(model, suite, cfg: PromptBenchConfig, seed: int, progress) -> list[di
     for split in HELD_OUT:
         if split not in cfg.splits:
             continue
-        for task in _tasks(suite, split, 1, seed + 1000)[: cfg.sweep_tasks]:
-            fit, test = suite.split_examples(task, cfg.n_fit, cfg.n_test, seed)
-            for le in extract:
-                for li in cfg.sweep_inject:
-                    if li >= n:
-                        continue
-                    settings = replace(cfg.fit, extract_layer=le, inject_layer=li)
-                    (res,) = evaluate_task(model, task, fit, test, ("vector",), settings)
-                    rows.append({"split": split, "task": task.family, "extract_layer": le, "inject_layer": li,
-                                 "accuracy": res.accuracy})
-            progress(f"seed {seed}: sweep {split} {task.family}")
+        tasks = _tasks(suite, split, 1, seed + 1000)[: cfg.sweep_tasks]
+        pairs = [suite.split_examples(t, cfg.n_fit, cfg.n_test, seed) for t in tasks]
+        for le in extract:
+            for li in cfg.sweep_inject:
+                if li >= n:
+                    continue
+                settings = replace(cfg.fit, extract_layer=le, inject_layer=li)
+                results = evaluate_tasks(model, tasks, [f for f, _ in pairs], [t for _, t in pairs], ("vector",),
+                                         settings)["vector"]
+                rows += [{"split": split, "task": t.family, "extract_layer": le, "inject_layer": li,
+                          "accuracy": r.accuracy} for t, r in zip(tasks, results)]
+                progress(f"seed {seed}: sweep {split} L_e={le} L_i={li}")
     return rows
+
+
+def _single_fit_seconds(model, task, fit, settings: FitSettings) -> float:
+    """One vector fitted alone (not batched with others): what a user fitting one prompt waits."""
+    pv = PromptVector(model, PromptVectorConfig(extract_layer=settings.extract_layer,
+                                                inject_layer=settings.inject_layer, steps=settings.steps,
+                                                lr=settings.lr, slot_token_id=SLOT_BYTE))
+    pv.fit(prompt_ids(task), [(query_ids(q), answer_ids(a)) for q, a in fit])
+    return pv.fit_seconds
 
 
 def _probe(vectors: list[tuple[str, torch.Tensor]], bijection: list[dict]) -> dict:
@@ -183,33 +196,39 @@ def run_prompt_bench(cfg: PromptBenchConfig, progress: Callable[[str], None] = l
         model, log = _wait_for_model(cfg, suite_cfg, cfg.seeds[0], device, progress)
         return {"config": _config_dict(cfg), "rows": [], "training": [log], "summary": {}, "cost": {}, "probe": {},
                 "sweep": _sweep(model, suite, cfg, cfg.seeds[0], progress)}
-    rows, training, sweep, probe_vectors, bijection = [], [], [], [], []
+    rows, training, sweep, probe_vectors, bijection, single = [], [], [], [], [], []
     for seed in cfg.seeds:
         model, log = _model_for_seed(cfg, suite_cfg, seed, device, progress)
         training.append(log)
         for split in cfg.splits:
-            for t_index, task in enumerate(_tasks(suite, split, cfg.per_family, seed, cfg.min_tasks)):
-                fit, test = suite.split_examples(task, cfg.n_fit, cfg.n_test, seed * 7919 + t_index)
-                for res in evaluate_task(model, task, fit, test, cfg.methods, cfg.fit):
+            tasks = _tasks(suite, split, cfg.per_family, seed, cfg.min_tasks)
+            pairs = [suite.split_examples(t, cfg.n_fit, cfg.n_test, seed * 7919 + i) for i, t in enumerate(tasks)]
+            fits, tests = [f for f, _ in pairs], [t for _, t in pairs]
+            results = evaluate_tasks(model, tasks, fits, tests, cfg.methods, cfg.fit)
+            for method, per_task in results.items():
+                for t_index, (task, res) in enumerate(zip(tasks, per_task)):
                     rows.append({"seed": seed, "split": split, "task": task.family, "kind": task.kind,
-                                 "instance": t_index, "method": res.method, "accuracy": res.accuracy,
-                                 "prompt_positions": res.prompt_positions,
-                                 "prompt_bytes": len(prompt_ids(task)), "fit_seconds": res.fit_seconds,
+                                 "instance": t_index, "method": method, "accuracy": res.accuracy,
+                                 "prompt_positions": res.prompt_positions, "prompt_bytes": len(prompt_ids(task)),
+                                 "fit_seconds": res.fit_seconds,
                                  **{k: v for k, v in res.detail.items() if k != "vector"}})
-                    if seed == cfg.seeds[0] and res.method == "vector":
+                    if seed == cfg.seeds[0] and method == "vector":
                         probe_vectors.append((task.family, res.detail["vector"]))
                         if task.kind == "bijection":
                             labels = set(task.labels)
-                            bijection.append({"n": len(test), "accuracy": res.accuracy,
+                            bijection.append({"n": len(tests[t_index]), "accuracy": res.accuracy,
                                               "answers_in_labels": sum(a in labels for a in res.answers)})
-                progress(f"seed {seed}: {split} {task.family}")
-                if checkpoint is not None:
-                    checkpoint({"config": _config_dict(cfg), "rows": rows, "training": training})
+            if "vector" in cfg.methods:
+                single.append({"seed": seed, "split": split,
+                               "seconds": _single_fit_seconds(model, tasks[0], fits[0], cfg.fit)})
+            progress(f"seed {seed}: {split} done ({len(tasks)} tasks)")
+            if checkpoint is not None:
+                checkpoint({"config": _config_dict(cfg), "rows": rows, "training": training})
         if seed == cfg.seeds[0] and "vector" in cfg.methods and cfg.sweep_tasks:
             sweep = _sweep(model, suite, cfg, seed, progress)
         del model
     record = {"config": _config_dict(cfg), "rows": rows, "training": training, "sweep": sweep,
-              "probe": _probe(probe_vectors, bijection)}
+              "probe": _probe(probe_vectors, bijection), "single_fit_seconds": single}
     record["summary"] = summarize(rows, cfg.seeds)
     record["cost"] = _costs(cfg, rows)
     return record

@@ -38,7 +38,7 @@ class PromptModelConfig:
     n_head: int = 6  # attention heads per block
     n_embd: int = 384  # residual width
     block_size: int = 192  # longest sequence (a prompt and four pairs fit)
-    steps: int = 5000  # optimizer steps
+    steps: int = 4000  # optimizer steps
     batch_size: int = 96  # instruction rows a step
     corpus_rows: int = 32  # source rows a step (0: instructions only)
     corpus_weight: float = 0.25  # weight of the source loss beside the answer loss

@@ -11,7 +11,7 @@ from actzip_bench.cli import main
 from actzip_bench.data.instructions import InstructionSuite, InstructionSuiteConfig, prompt_ids, query_ids
 from actzip.prompt.layers import forward_logits
 from actzip_bench.prompt_bench import PromptBenchConfig, prefill_cost, run_prompt_bench
-from actzip_bench.prompt_methods import FitSettings, evaluate_task, greedy_answers
+from actzip_bench.prompt_methods import FitSettings, evaluate_tasks, greedy_answers
 from actzip_bench.prompt_model import (PromptModelConfig, load_reference_model, save_reference_model,
                                        train_reference_model)
 
@@ -53,14 +53,34 @@ def test_a_saved_model_trained_otherwise_is_refused(tmp_path):
 
 
 def test_i2cl_with_no_fit_steps_answers_as_no_prompt():
-    torch.manual_seed(0)
     model = TINY.build().eval()
     suite = InstructionSuite()
-    task = suite.tasks("heldout_family", 1, 0)[0]
-    fit, test = suite.split_examples(task, 2, 4, 0)
-    none, i2cl = evaluate_task(model, task, fit, test, ("none", "i2cl"), FitSettings(steps=0, extract_layer=1,
-                                                                                    inject_layer=0))
-    assert i2cl.answers == none.answers and i2cl.prompt_positions == 0
+    tasks = suite.tasks("heldout_family", 1, 0)[:3]
+    pairs = [suite.split_examples(t, 2, 4, 0) for t in tasks]
+    out = evaluate_tasks(model, tasks, [f for f, _ in pairs], [t for _, t in pairs], ("none", "i2cl"),
+                         FitSettings(steps=0, extract_layer=1, inject_layer=0))
+    for none, i2cl in zip(out["none"], out["i2cl"]):
+        assert i2cl.answers == none.answers and i2cl.prompt_positions == 0
+
+
+def test_tasks_answered_together_answer_as_alone():
+    """Rows of several tasks in one batch, each with its own vector (and layer), give each task's own answers."""
+    torch.manual_seed(1)
+    model = TINY.build().eval()
+    suite = InstructionSuite()
+    tasks = suite.tasks("heldout_labels", 1, 0)[:3] + suite.tasks("heldout_family", 1, 0)[:2]
+    pairs = [suite.split_examples(t, 3, 4, i) for i, t in enumerate(tasks)]
+    fits, tests = [f for f, _ in pairs], [t for _, t in pairs]
+    settings = FitSettings(steps=3, extract_layer=1, inject_layer=0)
+    methods = ("full", "task_vector", "vector")
+    together = evaluate_tasks(model, tasks, fits, tests, methods, settings)
+    for i in range(len(tasks)):
+        alone = evaluate_tasks(model, tasks[i:i + 1], fits[i:i + 1], tests[i:i + 1], methods, settings)
+        for m in methods:
+            assert together[m][i].answers == alone[m][0].answers, (m, i)
+    assert {r.detail["layer"] for r in together["task_vector"]} <= {1}
+    with pytest.raises(ConfigError, match="one fit and one test list per task"):
+        evaluate_tasks(model, tasks, fits[:1], tests, methods, settings)
 
 
 def test_batched_greedy_matches_one_row_at_a_time():

@@ -236,3 +236,21 @@ def test_compress_refuses_a_config_without_a_file_or_with_other_layers(make, tmp
         actzip.compress_(model, PromptVectorConfig(extract_layer=1, inject_layer=1,
                                                    vector_path=str(tmp_path / "v.safetensors")))
     assert not any(b._forward_pre_hooks for b in decoder_blocks(model))
+
+
+def test_fit_many_follows_each_prompts_own_fit(make, kind):
+    model = make(kind)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 64, (n,), generator=g) for n in (5, 9, 2)]
+    examples = [[(torch.randint(3, 64, (q,), generator=g), torch.randint(3, 64, (2,), generator=g))
+                 for q in sizes] for sizes in ((3, 4), (2, 5, 3), (4,))]
+    fields = dict(extract_layer=1, inject_layer=0, steps=6, lr=0.1, over_layers=1)
+    together = PromptVector.fit_many(model, prompts, examples, **fields)
+    for pv, prompt, ex in zip(together, prompts, examples):
+        alone = PromptVector(model, **fields).fit(prompt, ex)
+        assert torch.allclose(pv.vector, alone.vector, atol=1e-4, rtol=1e-4)
+        assert pv.loss_history == pytest.approx(alone.loss_history, rel=1e-4, abs=1e-5)
+        assert pv.prompt_length == prompt.numel() and pv.weights.positions.shape == (prompt.numel(),)
+    assert together[0].loss_history[-1] < together[0].loss_history[0]
+    with pytest.raises(ConfigError, match="one examples list per prompt"):
+        PromptVector.fit_many(model, prompts, examples[:2], **fields)

@@ -233,6 +233,73 @@ class PromptVector:
         self.fit_seconds = time.perf_counter() - start
         return self
 
+    @classmethod
+    def fit_many(cls, model: nn.Module, prompts: Sequence[torch.Tensor], examples: Sequence[Sequence],
+                 config: PromptVectorConfig | None = None, **fields) -> list["PromptVector"]:
+        """One vector per prompt (``examples[i]`` are prompt i's pairs), all fitted in one batch a step: the
+        loss is the sum of each prompt's mean answer loss and every prompt has its own weights, so each follows
+        the trajectory of its own :meth:`fit` (Adam acts elementwise), up to floating-point rounding; many
+        prompts then cost about as many steps as one. ``loss_history`` of each is its own."""
+        if len(prompts) != len(examples) or not prompts:
+            raise ConfigError(f"fit_many: need one examples list per prompt and at least one prompt, got "
+                              f"{len(prompts)} prompts and {len(examples)} example lists")
+        pvs = [cls(model, config, **fields) for _ in prompts]
+        cfg, device = pvs[0].config, _device(model)
+        start = time.perf_counter()
+        forked = [device.index or 0] if device.type == "cuda" else []
+        with _held(model, freeze=True), torch.random.fork_rng(devices=forked):
+            torch.manual_seed(cfg.seed)
+            states, batches = [], []
+            for i, (pv, prompt, ex) in enumerate(zip(pvs, prompts, examples)):
+                prompt = _ids(prompt, f"fit_many: prompts[{i}]")
+                if not list(ex):
+                    raise ConfigError(f"fit_many: examples[{i}] is empty")
+                with torch.no_grad(), capture(model, pv.layer_indices) as cap:
+                    forward_logits(model, prompt.to(device).unsqueeze(0))
+                states.append(torch.stack([cap.states[j][0].float() for j in pv.layer_indices]))
+                batches.append(pv._batch(list(ex), device))
+                pv._init_weights(prompt.numel(), device)
+                pv.prompt_length = prompt.numel()
+            width = max(b[0].shape[1] for b in batches)
+            pad = lambda t, v: F.pad(t, (0, width - t.shape[1]), value=v)  # noqa: E731
+            ids = torch.cat([pad(b[0], pvs[0].slot_token_id) for b in batches])
+            ys = torch.cat([pad(b[1], IGNORE) for b in batches])
+            mask = torch.cat([pad(b[2], 0) for b in batches])
+            owner = torch.cat([torch.full((b[0].shape[0],), i, device=device) for i, b in enumerate(batches)])
+            counts = torch.zeros(len(pvs), device=device).index_add_(0, owner, (ys != IGNORE).sum(1).float())
+            params = [t for pv in pvs for t in (pv.position_logits, pv.layer_logits,
+                                                 pv.scale if cfg.learn_scale else None) if t is not None]
+            for p in params:
+                p.requires_grad_(True)
+            opt = torch.optim.Adam(params, lr=cfg.lr)
+
+            def per_prompt(vectors: torch.Tensor) -> torch.Tensor:
+                with inject(model, cfg.inject_layer, vectors[owner], slot=0, mode=cfg.mode):
+                    logits = forward_logits(model, ids, mask)
+                tok = F.cross_entropy(logits.float().flatten(0, 1), ys.flatten(), ignore_index=IGNORE,
+                                      reduction="none").view(ys.shape).sum(1)
+                return torch.zeros(len(pvs), device=device).index_add_(0, owner, tok) / counts
+
+            history = []
+            for _ in range(cfg.steps):
+                losses = per_prompt(torch.stack([pv._mix(st) for pv, st in zip(pvs, states)]))
+                opt.zero_grad(set_to_none=True)
+                losses.sum().backward()
+                opt.step()
+                history.append(losses.detach())
+            with torch.no_grad():
+                for p in params:
+                    p.requires_grad_(False)
+                for pv, st in zip(pvs, states):
+                    pv._vector = pv._mix(st).detach()
+                history.append(per_prompt(torch.stack([pv._vector for pv in pvs])))
+        table = torch.stack(history).cpu().tolist()  # one host copy for the whole fit
+        seconds = time.perf_counter() - start
+        for i, pv in enumerate(pvs):
+            pv.loss_history = [row[i] for row in table]
+            pv.fit_seconds = seconds / len(pvs)
+        return pvs
+
     # -- using it ----------------------------------------------------------------------------------------------
 
     def _fitted(self) -> torch.Tensor:

@@ -66,6 +66,7 @@ def _merge(paths: list[str]) -> dict:
     rows = [row for r in records for row in r["rows"]]
     merged = {**first, "rows": rows, "training": [t for r in records for t in r["training"]],
               "sweep": [row for r in loaded for row in r.get("sweep", [])],
+              "single_fit_seconds": [x for r in records for x in r.get("single_fit_seconds", [])],
               "summary": summarize(rows, seeds), "merged_from": [r.get("command") for r in loaded]}
     merged["config"] = {**first["config"], "seeds": seeds}
     return merged

@@ -1,10 +1,12 @@
-"""The task families of the instruction suite: what an instruction asks, in several wordings.
+"""The task families of the instruction suite: what an instruction asks, in many wordings.
 
 A :class:`Family` is one kind of instruction (reverse the word, add k, ...) with its paraphrases, a query sampler
 and an answer function, all deterministic given a ``random.Random``. Paraphrases are format strings: ``{k}`` and
-``{m}`` stand for numeric parameters, ``{a}``, ``{b}``, ``{c}`` for the label words of classes 0, 1, 2. Queries
-are pseudo-words (``"bolet"``), numbers 0-99, 3 to 5 digits (``"3 1 4"``), months, weekdays, letters and country
-names; the country families read names and ISO codes from pycountry (the ``bench`` extra).
+``{m}`` stand for numeric parameters, ``{a}``, ``{b}``, ``{c}`` for the label words of classes 0, 1, 2. Each is
+composed from parts (:mod:`actzip_bench.data.instruction_wordings`: a lead-in, a verb phrase, an object phrase, a
+closer), kept as :attr:`Family.paraphrase_parts`, so that a held-out wording can be a new combination of seen
+parts. Queries are pseudo-words (``"bolet"``), numbers 0-99, 3 to 5 digits (``"3 1 4"``), months, weekdays,
+letters and country names; the country families read names and ISO codes from pycountry (the ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from actzip.errors import ConfigError, MissingDependencyError
+from actzip_bench.data.instruction_wordings import render, wordings
 
-__all__ = ["COMPOSED", "FAMILIES", "KINDS", "LABEL_NAMES", "MAX_ANSWER", "MAX_INSTRUCTION", "MAX_QUERY", "MONTHS",
-           "QUERY_TYPES", "WEEKDAYS", "Family", "countries", "digit_list", "get_family", "pseudo_word"]
+__all__ = ["COMPOSED", "FAMILIES", "KINDS", "LABEL_NAMES", "MAX_ANSWER", "MAX_INSTRUCTION", "MAX_LABEL", "MAX_QUERY",
+           "MONTHS", "QUERY_TYPES", "WEEKDAYS", "Family", "countries", "digit_list", "get_family", "pseudo_word"]
 
 KINDS = ("string", "arithmetic", "list", "lookup", "bijection", "composed")
 QUERY_TYPES = ("word", "number", "digits", "month", "weekday", "letter", "country")
@@ -26,6 +29,7 @@ LABEL_NAMES = ("a", "b", "c")  # the placeholders of the label words of classes 
 MAX_QUERY = 16  # bytes
 MAX_ANSWER = 12  # bytes, without the newline that ends it
 MAX_INSTRUCTION = 64  # bytes, filled in, without its newline
+MAX_LABEL = 4  # bytes of a label word at most
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
@@ -162,6 +166,8 @@ class Family:
     numbers: tuple[tuple[str, tuple[int, ...]], ...] = ()  # numeric parameters and the values they are drawn from
     labels: int = 0  # label words the instruction names, one per class (bijection families)
     parts: tuple[str, ...] = ()  # the families a composed family chains, in order
+    # each paraphrase as the parts it is composed of, all of one length (by default each paraphrase is one part)
+    paraphrase_parts: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         where = f"Family {self.name!r}"
@@ -184,6 +190,24 @@ class Family:
                 raise ConfigError(f"{where}.paraphrases: {t!r} must name exactly {sorted(wanted)}")
             if not t.isascii() or "\n" in t or "=" in t:
                 raise ConfigError(f"{where}.paraphrases: {t!r} must be ASCII without newlines or '='")
+        widest = {n: max((str(v) for v in values), key=len) for n, values in self.numbers}
+        widest.update((n, "x" * MAX_LABEL) for n in LABEL_NAMES[:self.labels])
+        for t in self.paraphrases:
+            if len(t.format(**widest)) > MAX_INSTRUCTION:
+                raise ConfigError(f"{where}.paraphrases: {t!r} fills to {len(t.format(**widest))} bytes, more than "
+                                  f"MAX_INSTRUCTION = {MAX_INSTRUCTION}")
+        self._check_parts(where)
+
+    def _check_parts(self, where: str) -> None:
+        if not self.paraphrase_parts:
+            object.__setattr__(self, "paraphrase_parts", tuple((t,) for t in self.paraphrases))
+            return
+        parts = tuple(tuple(w) for w in self.paraphrase_parts)
+        object.__setattr__(self, "paraphrase_parts", parts)
+        if len(parts) != len(self.paraphrases) or len({len(w) for w in parts}) != 1 or any(
+                not all(isinstance(p, str) for p in w) or render(w) != t for w, t in zip(parts, self.paraphrases)):
+            raise ConfigError(f"{where}.paraphrase_parts: one tuple of strings a paraphrase, all of one length, "
+                              "each joining (first letter capitalised) into its paraphrase")
 
     def query_space(self, params: Params) -> tuple[str, ...] | None:
         """Every possible query under ``params``, or None where there are too many to list."""
@@ -233,10 +257,12 @@ def _ordered_digits(rng: random.Random, p: Params) -> str:
             return _join(d)
 
 
-def _family(name, kind, query_type, paraphrases, solve, *, sampler=None, space=None, numbers=(), labels=0,
-            parts=()) -> Family:
-    return Family(name, kind, query_type, tuple(paraphrases), solve, sampler or _typed(query_type),
-                  space if space is not None else _listed(query_type), tuple(numbers), labels, tuple(parts))
+def _family(name, kind, query_type, solve, *, sampler=None, space=None, numbers=(), labels=0) -> Family:
+    """A family worded as :mod:`actzip_bench.data.instruction_wordings` words it."""
+    parts = wordings(name)
+    return Family(name, kind, query_type, tuple(render(w) for w in parts), solve, sampler or _typed(query_type),
+                  space if space is not None else _listed(query_type), tuple(numbers), labels,
+                  paraphrase_parts=parts)
 
 
 def _chain(first: Family, second: Family, rename: Mapping[str, str] | None = None):
@@ -256,196 +282,76 @@ _K_ADD = tuple(range(2, 20))
 _K_MUL = tuple(range(2, 10))
 
 _STRING = [
-    _family("reverse", "string", "word", [
-        "Reverse the word.", "Write the word backwards.", "Spell the word from the last letter to the first.",
-        "Give the letters of the word in reverse order.", "Flip the word around.", "Read the word right to left.",
-    ], _plain(lambda q: _word(q)[::-1])),
-    _family("uppercase", "string", "word", [
-        "Write the word in capital letters.", "Convert the word to uppercase.", "Give the word in upper case.",
-        "Capitalize every letter of the word.", "Spell the word with capitals only.", "Shout the word in all caps.",
-    ], _plain(lambda q: _word(q).upper())),
-    _family("first_letter", "string", "word", [
-        "Give the first letter of the word.", "What letter does the word start with?",
-        "Write only the initial letter.", "Name the letter the word begins with.", "Output the word's first letter.",
-    ], _plain(lambda q: _word(q)[0])),
-    _family("last_letter", "string", "word", [
-        "Give the last letter of the word.", "What letter does the word end with?", "Write only the final letter.",
-        "Name the letter at the end of the word.", "Output the word's last letter.",
-    ], _plain(lambda q: _word(q)[-1])),
-    _family("length", "string", "word", [
-        "How many letters are in the word?", "Count the letters of the word.", "Give the length of the word.",
-        "Write the number of letters in the word.", "Say how long the word is, in letters.",
-    ], _plain(lambda q: str(len(_word(q))))),
+    _family("reverse", "string", "word", _plain(lambda q: _word(q)[::-1])),
+    _family("uppercase", "string", "word", _plain(lambda q: _word(q).upper())),
+    _family("first_letter", "string", "word", _plain(lambda q: _word(q)[0])),
+    _family("last_letter", "string", "word", _plain(lambda q: _word(q)[-1])),
+    _family("length", "string", "word", _plain(lambda q: str(len(_word(q))))),
 ]
 
 _ARITHMETIC = [
-    _family("add", "arithmetic", "number", [
-        "Add {k} to the number.", "What is the number plus {k}?", "Increase the number by {k}.",
-        "Give the sum of the number and {k}.", "Write the number plus {k}.", "Count {k} up from the number.",
-    ], lambda q, p: str(_int(q) + int(p["k"])), numbers=[("k", _K_ADD)]),
-    _family("subtract", "arithmetic", "number", [
-        "Subtract {k} from the number.", "What is the number minus {k}?", "Decrease the number by {k}.",
-        "Take {k} away from the number.", "Write the number minus {k}.", "Count {k} down from the number.",
-    ], lambda q, p: str(_int(q) - int(p["k"])), numbers=[("k", _K_ADD)],
-        sampler=lambda rng, p: str(rng.randrange(int(p["k"]), 100)),  # results never negative
-        space=lambda p: _NUMBERS[int(p["k"]):]),
-    _family("multiply", "arithmetic", "number", [
-        "Multiply the number by {k}.", "What is the number times {k}?", "Give {k} times the number.",
-        "Write the product of the number and {k}.", "Scale the number by a factor of {k}.",
-    ], lambda q, p: str(_int(q) * int(p["k"])), numbers=[("k", _K_MUL)]),
-    _family("modulo", "arithmetic", "number", [
-        "Give the remainder of the number divided by {k}.", "What is the number modulo {k}?",
-        "Divide the number by {k} and write the remainder.", "Write the number mod {k}.",
-        "Find what is left after dividing the number by {k}.",
-    ], lambda q, p: str(_int(q) % int(p["k"])), numbers=[("k", _K_MUL)]),
+    _family("add", "arithmetic", "number", lambda q, p: str(_int(q) + int(p["k"])), numbers=[("k", _K_ADD)]),
+    _family("subtract", "arithmetic", "number", lambda q, p: str(_int(q) - int(p["k"])), numbers=[("k", _K_ADD)],
+            sampler=lambda rng, p: str(rng.randrange(int(p["k"]), 100)),  # results never negative
+            space=lambda p: _NUMBERS[int(p["k"]):]),
+    _family("multiply", "arithmetic", "number", lambda q, p: str(_int(q) * int(p["k"])), numbers=[("k", _K_MUL)]),
+    _family("modulo", "arithmetic", "number", lambda q, p: str(_int(q) % int(p["k"])), numbers=[("k", _K_MUL)]),
 ]
 
 _LIST = [
-    _family("sort_digits", "list", "digits", [
-        "Sort the digits from smallest to largest.", "Put the digits in increasing order.",
-        "Arrange the digits in ascending order.", "Write the digits sorted, small to big.",
-        "Order the digits from low to high.",
-    ], _plain(lambda q: _join(sorted(_digits(q))))),
-    _family("reverse_digits", "list", "digits", [
-        "Reverse the list of digits.", "Write the digits in the opposite order.", "Give the digits from last to first.",
-        "Flip the order of the digits.", "List the digits backwards.",
-    ], _plain(lambda q: _join(_digits(q)[::-1]))),
-    _family("max_digit", "list", "digits", [
-        "Give the largest digit.", "What is the biggest digit in the list?", "Write the maximum of the digits.",
-        "Name the highest digit.", "Find the greatest digit of the list.",
-    ], _plain(lambda q: str(max(_digits(q))))),
-    _family("sum_digits", "list", "digits", [
-        "Add up the digits.", "What is the sum of the digits?", "Give the total of all the digits.",
-        "Write the digits' sum.", "Sum the list of digits.",
-    ], _plain(lambda q: str(sum(_digits(q))))),
+    _family("sort_digits", "list", "digits", _plain(lambda q: _join(sorted(_digits(q))))),
+    _family("reverse_digits", "list", "digits", _plain(lambda q: _join(_digits(q)[::-1]))),
+    _family("max_digit", "list", "digits", _plain(lambda q: str(max(_digits(q))))),
+    _family("sum_digits", "list", "digits", _plain(lambda q: str(sum(_digits(q))))),
 ]
 
 _LOOKUP = [
-    _family("month_number", "lookup", "month", [
-        "Give the number of the month.", "Which month of the year is it, as a number?",
-        "Write the month as a number from 1 to 12.", "What number is this month?",
-        "Convert the month name to its number.",
-    ], _plain(lambda q: str(MONTHS.index(q) + 1))),
-    _family("next_month", "lookup", "month", [
-        "Name the month that comes after this one.", "Which month follows this month?", "Give the next month.",
-        "Write the month after the given month.", "What month comes next?",
-    ], _plain(lambda q: MONTHS[(MONTHS.index(q) + 1) % 12])),
-    _family("month_name", "lookup", "number", [
-        "Name the month with this number.", "Which month is this number?", "Give the month for this number.",
-        "Convert the number to a month name.", "Turn the month number into its name.",
-    ], _plain(_month_of), sampler=lambda rng, p: str(rng.randint(1, 12)), space=lambda p: _NUMBERS[1:13]),
-    _family("weekday_number", "lookup", "weekday", [
-        "Give the day's number, counting Monday as 1.", "Number the weekday, with Monday as 1.",
-        "Which day of the week is it? Monday is 1.", "Write the weekday as a number from 1 (Monday) to 7.",
-        "Convert the day to its number; Monday is 1.",
-    ], _plain(lambda q: str(WEEKDAYS.index(q) + 1))),
-    _family("next_weekday", "lookup", "weekday", [
-        "Name the day after this one.", "Which day comes next?", "Give the following day of the week.",
-        "What day is it tomorrow, if today is this day?", "Write the weekday that follows.",
-    ], _plain(lambda q: WEEKDAYS[(WEEKDAYS.index(q) + 1) % 7])),
-    _family("letter_position", "lookup", "letter", [
-        "Give the letter's position in the alphabet.", "Which number is this letter in the alphabet?",
-        "Write where the letter comes in the alphabet.", "Number the letter, with a as 1.",
-        "Convert the letter to its alphabet number.",
-    ], _plain(lambda q: str(_letter(q) + 1))),
-    _family("next_letter", "lookup", "letter", [
-        "Give the next letter of the alphabet.", "Which letter comes after this one?",
-        "Write the letter that follows in the alphabet.", "Move one letter forward in the alphabet.",
-        "What letter is next in the alphabet?",
-    ], _plain(lambda q: string.ascii_lowercase[(_letter(q) + 1) % 26])),
-    _family("country_code", "lookup", "country", [
-        "Give the two-letter code of the country.", "Write the country's ISO alpha-2 code.",
-        "What is the country's 2-letter code?", "Abbreviate the country with two letters.",
-        "Name the country's two-letter ISO code.",
-    ], _plain(lambda q: _country_index()[q][0])),
-    _family("country_code3", "lookup", "country", [
-        "Give the three-letter code of the country.", "Write the country's ISO alpha-3 code.",
-        "What is the country's 3-letter code?", "Abbreviate the country with three letters.",
-        "Name the country's three-letter ISO code.",
-    ], _plain(lambda q: _country_index()[q][1])),
+    _family("month_number", "lookup", "month", _plain(lambda q: str(MONTHS.index(q) + 1))),
+    _family("next_month", "lookup", "month", _plain(lambda q: MONTHS[(MONTHS.index(q) + 1) % 12])),
+    _family("month_name", "lookup", "number", _plain(_month_of), sampler=lambda rng, p: str(rng.randint(1, 12)),
+            space=lambda p: _NUMBERS[1:13]),
+    _family("weekday_number", "lookup", "weekday", _plain(lambda q: str(WEEKDAYS.index(q) + 1))),
+    _family("next_weekday", "lookup", "weekday", _plain(lambda q: WEEKDAYS[(WEEKDAYS.index(q) + 1) % 7])),
+    _family("letter_position", "lookup", "letter", _plain(lambda q: str(_letter(q) + 1))),
+    _family("next_letter", "lookup", "letter", _plain(lambda q: string.ascii_lowercase[(_letter(q) + 1) % 26])),
+    _family("country_code", "lookup", "country", _plain(lambda q: _country_index()[q][0])),
+    _family("country_code3", "lookup", "country", _plain(lambda q: _country_index()[q][1])),
 ]
 
 _vowel_start = _word_classes(lambda w: w[0] in VOWELS)
 _long_word = _word_classes(lambda w: len(w) > 4)
 
 _BIJECTION = [
-    _family("parity", "bijection", "number", [
-        "Write {a} if the number is even and {b} if it is odd.", "Odd numbers get {b}, even numbers get {a}.",
-        "Answer {a} for even and {b} for odd.", "Label the number: {a} when even, {b} when odd.",
-        "If the number is odd say {b}, otherwise say {a}.",
-    ], _labelled(lambda q: _int(q) % 2), labels=2),
-    _family("at_least_50", "bijection", "number", [
-        "Write {a} if the number is at least 50, else {b}.", "Numbers below 50 get {b}, the rest get {a}.",
-        "Answer {a} for 50 or more and {b} for less.", "Label the number: {a} if 50 or above, {b} if below.",
-        "If the number is under 50 say {b}, otherwise {a}.",
-    ], _labelled(lambda q: 0 if _int(q) >= 50 else 1), labels=2),
-    _family("vowel_start", "bijection", "word", [
-        "Write {a} if the word starts with a vowel, else {b}.",
-        "Words that begin with a consonant get {b}, others {a}.",
-        "Answer {a} for a leading vowel and {b} otherwise.",
-        "Label the word: {a} if it begins with a vowel, else {b}.",
-        "If the first letter is a vowel say {a}, if not say {b}.",
-    ], _labelled(_vowel_start), sampler=_balanced("word", _vowel_start, 2), labels=2),
-    _family("long_word", "bijection", "word", [
-        "Write {a} if the word has more than 4 letters, else {b}.",
-        "Words of 4 letters or fewer get {b}, longer {a}.",
-        "Answer {a} for a long word (5+ letters), {b} for short.",
-        "Label the word: {a} if longer than 4 letters, else {b}.",
-        "If the word has at most 4 letters say {b}, else {a}.",
-    ], _labelled(_long_word), sampler=_balanced("word", _long_word, 2), labels=2),
-    _family("digit_order", "bijection", "digits", [
-        "Say {a} if the digits rise, {b} if they fall, else {c}.",
-        "Write {a} for increasing, {b} for decreasing, {c} for mixed.",
-        "Rising digits get {a}, falling get {b}, others get {c}.",
-        "Label the list: {a} going up, {b} going down, else {c}.",
-        "Answer {c} unless the digits rise ({a}) or fall ({b}).",
-    ], _labelled(lambda q: _order(_digits(q))), sampler=_ordered_digits, labels=3),
+    _family("parity", "bijection", "number", _labelled(lambda q: _int(q) % 2), labels=2),
+    _family("at_least_50", "bijection", "number", _labelled(lambda q: 0 if _int(q) >= 50 else 1), labels=2),
+    _family("vowel_start", "bijection", "word", _labelled(_vowel_start), sampler=_balanced("word", _vowel_start, 2),
+            labels=2),
+    _family("long_word", "bijection", "word", _labelled(_long_word), sampler=_balanced("word", _long_word, 2),
+            labels=2),
+    _family("digit_order", "bijection", "digits", _labelled(lambda q: _order(_digits(q))), sampler=_ordered_digits,
+            labels=3),
 ]
 
 _BY_NAME = {f.name: f for f in _STRING + _ARITHMETIC + _LIST + _LOOKUP + _BIJECTION}
 
 
-def _composed(name, first, second, paraphrases, *, rename=None, numbers=(), labels=0) -> Family:
+def _composed(name, first, second, *, rename=None, numbers=(), labels=0) -> Family:
     a, b = _BY_NAME[first], _BY_NAME[second]
-    f = Family(name, "composed", a.query_type, tuple(paraphrases), _chain(a, b, rename), a.sampler, a.space,
-               tuple(numbers), labels, (first, second))
+    parts = wordings(name)
+    f = Family(name, "composed", a.query_type, tuple(render(w) for w in parts), _chain(a, b, rename), a.sampler,
+               a.space, tuple(numbers), labels, (first, second), paraphrase_parts=parts)
     _BY_NAME[name] = f
     return f
 
 
 _COMPOSED = [
-    _composed("reverse_upper", "reverse", "uppercase", [
-        "Reverse the word, then write it in capitals.", "Write the word backwards in capital letters.",
-        "Spell the word in reverse, all uppercase.", "Flip the word around and capitalize it.",
-        "Give the word reversed and in upper case.",
-    ]),
-    _composed("last_upper", "last_letter", "uppercase", [
-        "Give the last letter of the word, in capitals.", "Write the final letter as a capital.",
-        "Take the word's last letter and uppercase it.", "Name the letter the word ends with, capitalized.",
-        "Output the last letter in upper case.",
-    ]),
-    _composed("sort_reverse", "sort_digits", "reverse_digits", [
-        "Sort the digits, then reverse them.", "Put the digits in increasing order, then flip them.",
-        "Sort the digits and list them backwards.", "Order the digits from low to high, then reverse.",
-        "Arrange the digits ascending, then write them in reverse.",
-    ]),
-    _composed("multiply_add", "multiply", "add", [
-        "Multiply the number by {k}, then add {m}.", "Take the number times {k}, plus {m}.",
-        "Scale the number by {k} and add {m} to it.", "Give {k} times the number, then add {m}.",
-        "Write the number times {k} plus {m}.",
-    ], rename={"k": "m"}, numbers=[("k", tuple(range(2, 6))), ("m", tuple(range(1, 10)))]),
-    _composed("sum_parity", "sum_digits", "parity", [
-        "Add up the digits, then write {a} if even, {b} if odd.",
-        "Sum the digits; an even sum gets {a}, an odd one {b}.",
-        "Total the digits and answer {a} for even, {b} for odd.",
-        "Write {a} if the digit sum is even and {b} if it is odd.",
-        "Add the digits; say {b} if the total is odd, else {a}.",
-    ], labels=2),
-    _composed("next_month_number", "next_month", "month_number", [
-        "Give the number of the month after this one.", "Find the next month, then write its number.",
-        "Which number is the month that follows?", "Write the next month as a number from 1 to 12.",
-        "Take the following month and convert it to a number.",
-    ]),
+    _composed("reverse_upper", "reverse", "uppercase"),
+    _composed("last_upper", "last_letter", "uppercase"),
+    _composed("sort_reverse", "sort_digits", "reverse_digits"),
+    _composed("multiply_add", "multiply", "add", rename={"k": "m"},
+              numbers=[("k", tuple(range(2, 6))), ("m", tuple(range(1, 10)))]),
+    _composed("sum_parity", "sum_digits", "parity", labels=2),
+    _composed("next_month_number", "next_month", "month_number"),
 ]
 
 FAMILIES: tuple[Family, ...] = tuple(_BY_NAME.values())

@@ -9,19 +9,25 @@ so the answer has to come from the prompt.
 Splits: ``"train"`` (train families, train paraphrases, train label words), ``"heldout_paraphrase"`` (train
 families, the held-out wordings), ``"heldout_labels"`` (bijection families with at least one label word never
 used in training) and ``"heldout_family"`` (the composed families, any wording, train label words).
+
+A family's wordings are composed from parts (:attr:`Family.paraphrase_parts`), and the held-out ones are new
+combinations of seen parts: about ``heldout_paraphrase_fraction`` of each family's wordings, whole cores (the
+parts but the lead-in, under every lead-in) taken in a seeded order where every part of them (its text in its
+slot) is still in some wording left for training.
 """
 
 from __future__ import annotations
 
 import functools
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
 from actzip.errors import ConfigError, DataError
 from actzip_bench.data.corpus import decode
-from actzip_bench.data.instruction_families import COMPOSED, FAMILIES, LABEL_NAMES, Family, get_family
+from actzip_bench.data.instruction_families import COMPOSED, FAMILIES, LABEL_NAMES, MAX_LABEL, Family, get_family
 
 __all__ = ["ANSWER_END", "IGNORE", "LABEL_WORDS", "PAD", "PROMPT_END", "QUERY_END", "SPLITS",
            "InstructionSuite", "InstructionSuiteConfig", "Task", "answer_ids", "as_rng", "decode", "example_text",
@@ -37,6 +43,7 @@ LABEL_WORDS = ("cat", "dog", "red", "sun", "tree", "fish", "blue", "moon", "lamp
                "leaf", "rain", "bell", "king", "milk", "ship", "wolf", "gold", "snow", "frog", "pen", "rose", "box",
                "hat", "key", "salt", "wind", "owl", "ink")
 _MAX_LABELS = max(f.labels for f in FAMILIES)
+_MAX_HELDOUT_FRACTION = 0.5
 
 
 def _is_int(v) -> bool:
@@ -48,7 +55,7 @@ class InstructionSuiteConfig:
     """What is held out for evaluation; everything else follows from ``seed``."""
 
     seed: int = 0  # fixes which paraphrases and label words are held out
-    heldout_paraphrases: int = 1  # per family: the last wordings of a seeded shuffle, only used at evaluation
+    heldout_paraphrase_fraction: float = 0.2  # of each family's wordings, new combinations of seen parts, eval only
     heldout_labels: int = 8  # label words only used at evaluation (the last of a seeded shuffle of label_words)
     heldout_families: tuple[str, ...] = COMPOSED  # families never sampled for training
     label_words: tuple[str, ...] = LABEL_WORDS  # the pool bijection tasks draw their label words from
@@ -56,15 +63,17 @@ class InstructionSuiteConfig:
     def __post_init__(self) -> None:
         if not _is_int(self.seed):
             raise ConfigError(f"InstructionSuiteConfig.seed must be an int, got {self.seed!r}")
-        fewest = min(len(f.paraphrases) for f in FAMILIES)
-        if not _is_int(self.heldout_paraphrases) or not 0 <= self.heldout_paraphrases < fewest:
-            raise ConfigError(f"InstructionSuiteConfig.heldout_paraphrases must be an int in [0, {fewest - 1}] "
-                              f"(every family keeps a wording for training), got {self.heldout_paraphrases!r}")
+        v = self.heldout_paraphrase_fraction
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= _MAX_HELDOUT_FRACTION):
+            raise ConfigError(f"InstructionSuiteConfig.heldout_paraphrase_fraction must be a number in [0, "
+                              f"{_MAX_HELDOUT_FRACTION}] (training keeps at least half of each family's wordings), "
+                              f"got {v!r}")
         self.label_words = tuple(self.label_words)
         for w in self.label_words:
-            if not (isinstance(w, str) and w.isascii() and w.isalpha() and w.islower() and 2 <= len(w) <= 4):
+            if not (isinstance(w, str) and w.isascii() and w.isalpha() and w.islower()
+                    and 2 <= len(w) <= MAX_LABEL):
                 raise ConfigError(f"InstructionSuiteConfig.label_words: {w!r} is not a lowercase ASCII word of 2 "
-                                  "to 4 letters")
+                                  f"to {MAX_LABEL} letters")
         if len(set(self.label_words)) != len(self.label_words):
             raise ConfigError("InstructionSuiteConfig.label_words has duplicates")
         most = len(self.label_words) - _MAX_LABELS
@@ -145,6 +154,47 @@ class Task:
         return [(q, self.answer(q)) for q in self.sample_queries(n, rng)]
 
 
+def _heldout_count(n: int, fraction: float) -> int:
+    """How many of ``n`` wordings ``fraction`` asks to hold out: ``fraction * n`` rounded half up, at least 1
+    unless ``fraction`` is 0."""
+    return 0 if fraction == 0 else max(1, int(fraction * n + 0.5))
+
+
+def _core(parts: tuple[str, ...]) -> tuple[str, ...]:
+    """A wording's parts but its lead-in (the first), which alone would make a trivially new wording."""
+    return parts[1:] if len(parts) > 1 else parts
+
+
+def _split_wordings(fam: Family, fraction: float, seed: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(train, held)`` templates of ``fam``, each in the family's order.
+
+    A wording's core is its parts but the lead-in; cores are held out whole (the core under every lead-in), in a
+    seeded order, until at least ``fraction`` of the wordings are, each core only where every part of its
+    wordings (slot and text) stays in some wording left for training. So a held-out wording is a combination of
+    trained parts whose core training never shows, under any lead-in."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, w in enumerate(fam.paraphrase_parts):
+        groups.setdefault(_core(w), []).append(i)
+    cores = list(groups)  # the family's order: deterministic
+    random.Random(f"actzip-instructions:{seed}:paraphrases:{fam.name}").shuffle(cores)
+    want = _heldout_count(len(fam.paraphrases), fraction)
+    left = Counter(part for w in fam.paraphrase_parts for part in enumerate(w))
+    held: set[int] = set()
+    for core in cores:
+        if len(held) >= want:
+            break
+        parts = Counter(part for i in groups[core] for part in enumerate(fam.paraphrase_parts[i]))
+        if all(left[p] > n for p, n in parts.items()):
+            held.update(groups[core])
+            left.subtract(parts)
+    if len(held) < want:
+        raise ConfigError(f"InstructionSuiteConfig.heldout_paraphrase_fraction = {fraction}: family {fam.name!r} "
+                          f"can hold out only {len(held)} of its {len(fam.paraphrases)} wordings with every part "
+                          f"still trained, not {want}")
+    return (tuple(t for i, t in enumerate(fam.paraphrases) if i not in held),
+            tuple(t for i, t in enumerate(fam.paraphrases) if i in held))
+
+
 class InstructionSuite:
     """The families, split into train and held-out families, wordings and label words by the config's seed."""
 
@@ -157,15 +207,10 @@ class InstructionSuite:
         random.Random(f"actzip-instructions:{cfg.seed}:labels").shuffle(words)
         cut = len(words) - cfg.heldout_labels
         self.train_labels, self.heldout_labels = tuple(words[:cut]), tuple(words[cut:])
-        self._wordings: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
-        for f in FAMILIES:
-            order = list(f.paraphrases)
-            random.Random(f"actzip-instructions:{cfg.seed}:paraphrases:{f.name}").shuffle(order)
-            cut = len(order) - cfg.heldout_paraphrases
-            self._wordings[f.name] = (tuple(order[:cut]), tuple(order[cut:]))
+        self._wordings = {f.name: _split_wordings(f, cfg.heldout_paraphrase_fraction, cfg.seed) for f in FAMILIES}
         self._split_families = {
             "train": self.train_families,
-            "heldout_paraphrase": self.train_families if cfg.heldout_paraphrases else (),
+            "heldout_paraphrase": self.train_families if cfg.heldout_paraphrase_fraction else (),
             "heldout_labels": tuple(n for n in self.train_families if get_family(n).labels)
             if cfg.heldout_labels else (),
             "heldout_family": self.heldout_families,
@@ -191,7 +236,7 @@ class InstructionSuite:
         """A task of ``split``: a family, a wording and parameters, drawn with ``rng``."""
         names = self.families(split)
         if not names:
-            why = {"heldout_paraphrase": "heldout_paraphrases is 0",
+            why = {"heldout_paraphrase": "heldout_paraphrase_fraction is 0",
                    "heldout_labels": "heldout_labels is 0, or no train family has label words",
                    "heldout_family": "heldout_families is empty"}[split]
             raise ConfigError(f"InstructionSuite: split {split!r} is empty (InstructionSuiteConfig.{why})")

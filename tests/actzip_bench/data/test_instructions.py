@@ -1,10 +1,13 @@
 """The instruction suite: answers follow from the prompt, splits stay apart, batches score the answers only."""
 
+import os
 import random
 import re
+import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ from actzip_bench.data.instruction_families import (
     FAMILIES,
     MAX_ANSWER,
     MAX_INSTRUCTION,
+    MAX_LABEL,
     MAX_QUERY,
     Family,
     countries,
@@ -39,6 +43,7 @@ from actzip_bench.data.instructions import (
     query_ids,
     split_examples,
 )
+from actzip_bench.data.instruction_wordings import SLOTS, WORDINGS, grid, render
 
 LABELS = {"a": "cat", "b": "dog", "c": "sun"}
 CASES = [  # (family, params, query, answer), worked out by hand
@@ -78,6 +83,26 @@ def _task(name, params):
 def _sample(suite, split, n, seed=0):
     rng = random.Random(seed)
     return [suite.sample_task(rng, split) for _ in range(n)]
+
+
+def _holds_out(name, held, fraction=0.2):
+    """Whether ``held`` is as many wordings of ``name`` as ``fraction`` asks: at least its share of them (rounded
+    half up, at least one), and less than that plus one core's wordings (cores are held out whole)."""
+    f = get_family(name)
+    want = max(1, int(fraction * len(f.paraphrases) + 0.5)) if fraction else 0
+    group = max(Counter(w[1:] for w in f.paraphrase_parts).values())
+    return want <= len(held) < want + group
+
+
+def _parts_by_template(name):
+    f = get_family(name)
+    return dict(zip(f.paraphrases, f.paraphrase_parts))
+
+
+def _widest(f):
+    """The parameters that fill a family's templates longest."""
+    out = {n: max((str(v) for v in values), key=len) for n, values in f.numbers}
+    return out | {n: "x" * MAX_LABEL for n in "abc"[:f.labels]}
 
 
 def test_the_suite_has_train_and_heldout_families_of_every_kind(suite):
@@ -140,13 +165,108 @@ def test_the_same_query_gets_different_answers_under_different_prompts(suite):
 
 def test_heldout_paraphrases_never_appear_in_training(suite):
     held = {n: set(suite.paraphrases(n, "heldout_paraphrase")) for n in suite.train_families}
-    assert all(len(h) == 1 for h in held.values())
+    assert all(_holds_out(n, h) for n, h in held.items())
     train = _sample(suite, "train", 3000)
     assert all(t.template not in held[t.family] and t.split == "train" for t in train)
     assert all(t.instruction == t.template.format(**dict(t.params)) for t in train)
     evaluation = _sample(suite, "heldout_paraphrase", 500)
     assert all(t.template in held[t.family] for t in evaluation)
     assert {t.family for t in evaluation} == set(suite.train_families)
+
+
+def test_every_family_has_at_least_24_wordings_composed_from_parts():
+    assert set(WORDINGS) == {f.name for f in FAMILIES}
+    for f in FAMILIES:
+        assert len(f.paraphrases) >= 24 and len(set(f.paraphrases)) == len(f.paraphrases), f.name
+        assert f.paraphrase_parts == WORDINGS[f.name] and all(len(w) == SLOTS for w in f.paraphrase_parts)
+        assert [render(w) for w in f.paraphrase_parts] == list(f.paraphrases)
+        assert list(f.paraphrases) == sorted(f.paraphrases)  # a fixed order, not the order of a set
+        wanted = {n for n, _ in f.numbers} | set("abc"[:f.labels])
+        for t in f.paraphrases:  # every wording names exactly the family's parameters, once each
+            assert {m for m in re.findall(r"\{(\w+)\}", t)} == wanted and len(re.findall(r"\{", t)) == len(wanted)
+            filled = t.format(**_widest(f))
+            assert filled.isascii() and len(filled) <= MAX_INSTRUCTION and "\n" not in filled and "=" not in filled
+            assert filled[0].isupper() and filled[-1] in ".?", t
+        leads = {w[0] for w in f.paraphrase_parts}  # the first part is a lead-in, the empty one among them
+        assert "" in leads and all(len(p) <= 10 and p.endswith(" ") for p in leads - {""}), (f.name, leads)
+        for slot in range(SLOTS):  # every slot but a fixed one varies somewhere: wordings are combinations
+            assert len({w[slot] for w in f.paraphrase_parts}) >= (1 if slot == SLOTS - 1 else 2), (f.name, slot)
+
+
+@pytest.mark.parametrize("seed,fraction", [(0, 0.2), (1, 0.2), (7, 0.1), (3, 0.5)])
+def test_heldout_wordings_are_new_combinations_of_trained_parts(seed, fraction):
+    suite = InstructionSuite(InstructionSuiteConfig(seed=seed, heldout_paraphrase_fraction=fraction))
+    for name in suite.train_families + suite.heldout_families:
+        f = get_family(name)
+        if name in suite.heldout_families:  # a held-out family is evaluated in any of its wordings
+            assert suite.paraphrases(name, "heldout_family") == f.paraphrases
+            continue
+        train, held = suite.paraphrases(name, "train"), suite.paraphrases(name, "heldout_paraphrase")
+        assert _holds_out(name, held, fraction) and not set(held) & set(train)
+        assert sorted(held + train) == sorted(f.paraphrases)
+        parts = _parts_by_template(name)
+        seen = [{parts[t][slot] for t in train} for slot in range(SLOTS)]
+        trained_cores = {parts[u][1:] for u in train}
+        for t in held:
+            assert parts[t][1:] not in trained_cores  # an unseen combination, even without its lead-in ...
+            assert all(p in seen[slot] for slot, p in enumerate(parts[t])), (name, t)  # ... of seen parts
+
+
+def test_about_a_fifth_of_each_familys_wordings_are_held_out_by_default(suite):
+    assert InstructionSuiteConfig().heldout_paraphrase_fraction == 0.2
+    for name in suite.train_families:
+        share = len(suite.paraphrases(name, "heldout_paraphrase")) / len(get_family(name).paraphrases)
+        assert 0.15 <= share <= 0.25, name
+
+
+def test_composed_families_are_worded_from_parts_too():
+    for name in COMPOSED:
+        f = get_family(name)
+        assert len(f.paraphrases) >= 24 and all(len(w) == SLOTS for w in f.paraphrase_parts)
+    chained = [w for w in get_family("multiply_add").paraphrase_parts if w[2] in (", then ", " and ")]
+    assert chained and all("{k}" in w[1] and "{m}" in w[3] for w in chained)  # k in the first step, m in the second
+
+
+_DIGEST = """
+import hashlib, json, random
+from actzip_bench.data.instruction_families import FAMILIES
+from actzip_bench.data.instructions import InstructionSuite, InstructionSuiteConfig
+
+def digest():
+    rows = [[f.name, f.paraphrases, f.paraphrase_parts] for f in FAMILIES]
+    for seed in (0, 1):
+        s = InstructionSuite(InstructionSuiteConfig(seed=seed))
+        rows.append([[n, s.paraphrases(n, sp)] for n in s.train_families for sp in ("train", "heldout_paraphrase")])
+        rng = random.Random(seed)
+        rows.append([s.sample_task(rng, sp).instruction for sp in ("train", "heldout_paraphrase") for _ in range(50)])
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+"""
+
+
+def test_wordings_and_splits_are_the_same_in_every_process():
+    space = {}
+    exec(_DIGEST, space)
+    here = space["digest"]()
+    src = str(Path(__file__).resolve().parents[3] / "src")
+    procs = []
+    for hash_seed in ("0", "4242"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in [env.get("PYTHONPATH")] if p])
+        procs.append(subprocess.Popen([sys.executable, "-c", _DIGEST + "\nprint(digest())"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert out.strip() == here
+
+
+def test_the_wording_grids():
+    assert grid(("", "please "), ("flip",), (" it",), (".", "!")) == [
+        ("", "flip", " it", "."), ("", "flip", " it", "!"), ("please ", "flip", " it", "."),
+        ("please ", "flip", " it", "!")]
+    assert render(("task: ", "flip", " it", ".")) == "Task: flip it." and render(("", "flip", "", "?")) == "Flip?"
+    with pytest.raises(ValueError, match="4 slots"):
+        grid(("a",), ("b",))
 
 
 def test_heldout_labels_and_families_never_appear_in_training(suite):
@@ -268,8 +388,11 @@ def test_batch_is_fast(suite):
 
 @pytest.mark.parametrize("kwargs,field", [
     ({"seed": "0"}, "seed"),
-    ({"heldout_paraphrases": 5}, "heldout_paraphrases"),
-    ({"heldout_paraphrases": -1}, "heldout_paraphrases"),
+    ({"heldout_paraphrase_fraction": 0.6}, "heldout_paraphrase_fraction"),
+    ({"heldout_paraphrase_fraction": -0.1}, "heldout_paraphrase_fraction"),
+    ({"heldout_paraphrase_fraction": "0.2"}, "heldout_paraphrase_fraction"),
+    ({"heldout_paraphrase_fraction": True}, "heldout_paraphrase_fraction"),
+    ({"heldout_paraphrase_fraction": float("nan")}, "heldout_paraphrase_fraction"),
     ({"heldout_labels": 30}, "heldout_labels"),
     ({"heldout_labels": 1.5}, "heldout_labels"),
     ({"heldout_families": ("nope",)}, "heldout_families"),
@@ -288,6 +411,9 @@ def test_bad_arguments_are_named(suite):
         suite.sample_task(random.Random(0), "test")
     with pytest.raises(ConfigError, match="heldout_labels"):
         InstructionSuite(InstructionSuiteConfig(heldout_labels=0)).sample_task(random.Random(0), "heldout_labels")
+    with pytest.raises(ConfigError, match="heldout_paraphrase_fraction"):
+        InstructionSuite(InstructionSuiteConfig(heldout_paraphrase_fraction=0)).sample_task(random.Random(0),
+                                                                                           "heldout_paraphrase")
     for args, name in (((0, 32, (1, 4)), "batch_size"), ((2, 1, (1, 4)), "seq_len"), ((2, 32, (2, 1)), "pairs")):
         with pytest.raises(ConfigError, match=name):
             instruction_batch(suite, args[0], args[1], 0, pairs=args[2])
@@ -304,6 +430,22 @@ def test_a_family_must_name_its_parameters_in_every_paraphrase():
         Family("bad", "arithmetic", "number", wordings, add.solve, add.sampler, numbers=add.numbers)
     with pytest.raises(ConfigError, match="kind"):
         Family("bad", "magic", "number", add.paraphrases, add.solve, add.sampler, numbers=add.numbers)
+    with pytest.raises(ConfigError, match="MAX_INSTRUCTION"):
+        wordings = tuple(f"Add {{k}}, {i}." for i in range(4)) + ("Add {k} to the number" + "." * 50,)
+        Family("bad", "arithmetic", "number", wordings, add.solve, add.sampler, numbers=add.numbers)
+
+
+def test_a_familys_parts_must_compose_its_paraphrases():
+    add = get_family("add")
+    plain = Family("plain", "arithmetic", "number", add.paraphrases[:5], add.solve, add.sampler, numbers=add.numbers)
+    assert plain.paraphrase_parts == tuple((t,) for t in add.paraphrases[:5])  # by default a wording is one part
+    bad_parts = (add.paraphrase_parts[:4] + (add.paraphrase_parts[5],),  # one renders to another wording
+                 add.paraphrase_parts[:4],  # one short
+                 add.paraphrase_parts[:4] + (add.paraphrase_parts[4][:3],))  # a different number of parts
+    for parts in bad_parts:
+        with pytest.raises(ConfigError, match="paraphrase_parts"):
+            Family("bad", "arithmetic", "number", add.paraphrases[:5], add.solve, add.sampler, numbers=add.numbers,
+                   paraphrase_parts=parts)
 
 
 def test_missing_pycountry_names_the_bench_extra(monkeypatch):
