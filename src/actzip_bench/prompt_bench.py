@@ -126,7 +126,8 @@ def _wait_for_model(cfg: PromptBenchConfig, suite_cfg, seed: int, device, progre
     return _model_for_seed(cfg, suite_cfg, seed, device, progress)
 
 
-def _sweep(model, suite, cfg: PromptBenchConfig, seed: int, progress) -> list[dict]:
+def _sweep(model, suite, cfg: PromptBenchConfig, seed: int, progress,
+           checkpoint: Callable[[list[dict]], None] | None = None) -> list[dict]:
     n = cfg.model.n_layer
     extract = cfg.sweep_extract or tuple(sorted({max(1, n // 4), n // 2, (3 * n) // 4, n}))
     rows = []
@@ -145,6 +146,8 @@ def _sweep(model, suite, cfg: PromptBenchConfig, seed: int, progress) -> list[di
                 rows += [{"split": split, "task": t.family, "extract_layer": le, "inject_layer": li,
                           "accuracy": r.accuracy} for t, r in zip(tasks, results)]
                 progress(f"seed {seed}: sweep {split} L_e={le} L_i={li}")
+                if checkpoint is not None:
+                    checkpoint(rows)
     return rows
 
 
@@ -194,8 +197,9 @@ def run_prompt_bench(cfg: PromptBenchConfig, progress: Callable[[str], None] = l
     suite = InstructionSuite(suite_cfg)
     if cfg.sweep_only:
         model, log = _wait_for_model(cfg, suite_cfg, cfg.seeds[0], device, progress)
-        return {"config": _config_dict(cfg), "rows": [], "training": [log], "summary": {}, "cost": {}, "probe": {},
-                "sweep": _sweep(model, suite, cfg, cfg.seeds[0], progress)}
+        head = {"config": _config_dict(cfg), "rows": [], "training": [log], "summary": {}, "cost": {}, "probe": {}}
+        keep = None if checkpoint is None else (lambda done: checkpoint({**head, "sweep": done}))
+        return {**head, "sweep": _sweep(model, suite, cfg, cfg.seeds[0], progress, keep)}
     rows, training, sweep, probe_vectors, bijection, single = [], [], [], [], [], []
     for seed in cfg.seeds:
         model, log = _model_for_seed(cfg, suite_cfg, seed, device, progress)
