@@ -59,30 +59,46 @@ def accuracy(root: Path) -> str:
 def sweep(root: Path) -> str:
     rec = load(root, RUN)
     rows = rec["sweep"]
-    les = sorted({r["extract_layer"] for r in rows})
-    lis = sorted({r["inject_layer"] for r in rows})
+    settings = sorted({(r["extract_layer"], r["inject_layer"]) for r in rows})
+    splits = sorted({r["split"] for r in rows})
+    done = {s: {(r["extract_layer"], r["inject_layer"]) for r in rows if r["split"] == s} for s in splits}
+    complete = [s for s in splits if done[s] == set(settings)]
+    les = sorted({le for le, _ in settings})
+    lis = sorted({li for _, li in settings})
+    kept = [r for r in rows if r["split"] in complete]
     lines = ["| L_e \\ L_i | " + " | ".join(str(i) for i in lis) + " |", "|---:|" + "---:|" * len(lis)]
     for le in les:
         cells = []
         for li in lis:
-            acc = [r["accuracy"] for r in rows if r["extract_layer"] == le and r["inject_layer"] == li]
+            acc = [r["accuracy"] for r in kept if r["extract_layer"] == le and r["inject_layer"] == li]
             cells.append(f"{statistics.mean(acc):.1%}" if acc else "")
         lines.append(f"| {le} | " + " | ".join(cells) + " |")
-    n = len({(r["split"], r["task"]) for r in rows})
-    lines += ["", f"Prompt-vector accuracy over (L_e, L_i) on {n} held-out tasks of seed {rec['config']['seeds'][0]} "
-              f"({len(les) * len(lis)} settings; read on test queries, so the best cell is optimistic) {cite(RUN)}."]
+    n = len({(r["split"], r["task"]) for r in kept})
+    note = (f"Prompt-vector accuracy over (L_e, L_i): {len(settings)} settings on {n} tasks of the "
+            f"{' and '.join(SPLIT_NAMES[s] for s in complete)} splits, on a seed-{rec['config']['seeds'][0]} "
+            "reference model trained again for the sweep (same config; GPU training is not bit-reproducible), "
+            "read on test queries, so the best cell is optimistic")
+    cut = [s for s in splits if s not in complete]
+    if cut:
+        note += ("; the run reached its time limit before the " + ", ".join(
+            f"{SPLIT_NAMES[s]} split ({len(done[s])} of {len(settings)} settings done, left out)" for s in cut))
+    lines += ["", note + f" {cite(RUN)}."]
     return "\n".join(lines)
 
 
 def cost(root: Path) -> str:
     rec = load(root, RUN)
     cst, probe = rec["cost"], rec["probe"]
-    fits = sorted(r["fit_seconds"] for r in rec["rows"] if r["method"] == "vector")
+    alone = sorted(x["seconds"] for x in rec["single_fit_seconds"])
+    shared = statistics.median(r["fit_seconds"] for r in rec["rows"] if r["method"] == "vector")
     lines = [f"Per query, the prompt's {cst['mean_prompt_positions']:.1f} positions (bytes) become one: with a typical "
              f"{cst['query_positions']:g}-position query, {cst['flops_ratio']:.1f}x fewer prefill FLOPs and "
-             f"{cst['kv_ratio']:.1f}x fewer KV-cache bytes. A vector is fitted from {rec['config']['n_fit']} examples "
-             f"in {statistics.median(fits):.2f} s (median; at most {fits[-1]:.2f} s) on the "
-             f"{rec['machine'].get('gpu') or rec['machine'].get('host_cpu')}."]
+             f"{cst['kv_ratio']:.1f}x fewer KV-cache bytes. One vector fitted alone from {rec['config']['n_fit']} "
+             f"examples ({rec['config']['fit']['steps']} steps) takes {statistics.median(alone):.1f} s (median of "
+             f"{len(alone)} fits, at most {alone[-1]:.1f} s) on the "
+             f"{rec['machine'].get('gpu') or rec['machine'].get('host_cpu')}, with three other benchmark processes "
+             f"sharing the GPU; fitted in one batch with its split's other tasks (`PromptVector.fit_many`), "
+             f"{shared:.2f} s each."]
     if probe.get("task_identity_accuracy") is not None:
         lines.append(f"Probes (seed {rec['config']['seeds'][0]}): the task family is read back from the vectors "
                      f"by leave-one-out nearest centroid {probe['task_identity_accuracy']:.0%} of the time "

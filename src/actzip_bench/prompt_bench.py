@@ -28,7 +28,8 @@ from actzip_bench.prompt_methods import METHODS, SLOT_BYTE, FitSettings, evaluat
 from actzip_bench.prompt_model import (QUICK_MODEL, PromptModelConfig, load_reference_model, save_reference_model,
                                        train_reference_model)
 
-__all__ = ["EVAL_SPLITS", "PromptBenchConfig", "prefill_cost", "quick_config", "run_prompt_bench", "summarize"]
+__all__ = ["EVAL_SPLITS", "PromptBenchConfig", "costs", "prefill_cost", "quick_config", "run_prompt_bench",
+           "summarize"]
 
 EVAL_SPLITS = ("train", "heldout_paraphrase", "heldout_labels", "heldout_family")
 HELD_OUT = EVAL_SPLITS[1:]
@@ -234,7 +235,7 @@ def run_prompt_bench(cfg: PromptBenchConfig, progress: Callable[[str], None] = l
     record = {"config": _config_dict(cfg), "rows": rows, "training": training, "sweep": sweep,
               "probe": _probe(probe_vectors, bijection), "single_fit_seconds": single}
     record["summary"] = summarize(rows, cfg.seeds)
-    record["cost"] = _costs(cfg, rows)
+    record["cost"] = costs(cfg.model, rows)
     return record
 
 
@@ -244,13 +245,15 @@ def _config_dict(cfg: PromptBenchConfig) -> dict:
     return out
 
 
-def _costs(cfg: PromptBenchConfig, rows: list[dict]) -> dict:
+def costs(model: PromptModelConfig, rows: list[dict]) -> dict:
+    """Prefill FLOPs and KV bytes of a typical query with the full prompt (its mean length over the rows) and
+    with the vector's one slot."""
     full = [r for r in rows if r["method"] == "full"]
     if not full:
         return {}
     prompt = statistics.mean(r["prompt_positions"] for r in full)
     query = 8.0  # a typical query with its " = " (the same for both: the prompt's share is what changes)
-    with_prompt, with_vector = prefill_cost(cfg.model, prompt + query), prefill_cost(cfg.model, 1 + query)
+    with_prompt, with_vector = prefill_cost(model, prompt + query), prefill_cost(model, 1 + query)
     return {"mean_prompt_positions": prompt, "query_positions": query, "full": with_prompt, "vector": with_vector,
             "flops_ratio": with_prompt["flops"] / with_vector["flops"],
             "kv_ratio": with_prompt["kv_bytes"] / with_vector["kv_bytes"]}

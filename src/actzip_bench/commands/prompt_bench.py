@@ -45,7 +45,8 @@ def _config(args: argparse.Namespace):
 
 def _merge(paths: list[str]) -> dict:
     """Records of one protocol run per seed (separate processes), as one record."""
-    from actzip_bench.prompt_bench import summarize
+    from actzip_bench.prompt_bench import costs, summarize
+    from actzip_bench.prompt_model import PromptModelConfig
 
     loaded = [json.loads(Path(p).read_text()) for p in paths]
     records = [r for r in loaded if not r["config"].get("sweep_only")]
@@ -58,7 +59,7 @@ def _merge(paths: list[str]) -> dict:
         b = {k: v for k, v in first["config"].items() if k not in own}
         if a != b:
             raise ConfigError(f"bench prompt --merge: {p} ran another config than the first record")
-        if r.get("partial"):
+        if r.get("partial") and not r["config"].get("sweep_only"):
             raise ConfigError(f"bench prompt --merge: {p} is a partial record (its run was cut short)")
     seeds = [s for r in records for s in r["config"]["seeds"]]
     if len(set(seeds)) != len(seeds):
@@ -66,9 +67,12 @@ def _merge(paths: list[str]) -> dict:
     rows = [row for r in records for row in r["rows"]]
     merged = {**first, "rows": rows, "training": [t for r in records for t in r["training"]],
               "sweep": [row for r in loaded for row in r.get("sweep", [])],
+              # a sweep cut short keeps the settings it finished; its figure says which
+              "sweep_partial": any(r.get("partial") for r in loaded if r["config"].get("sweep_only")),
               "single_fit_seconds": [x for r in records for x in r.get("single_fit_seconds", [])],
               "summary": summarize(rows, seeds), "merged_from": [r.get("command") for r in loaded]}
     merged["config"] = {**first["config"], "seeds": seeds}
+    merged["cost"] = costs(PromptModelConfig(**first["config"]["model"]), rows)
     return merged
 
 
