@@ -8,7 +8,7 @@ from pathlib import Path
 
 from actzip_bench.figure_helpers import cite, load
 
-__all__ = ["METHOD_NAMES", "RENDERERS", "SPLIT_NAMES", "plot_accuracy"]
+__all__ = ["METHOD_NAMES", "RENDERERS", "SPLIT_NAMES", "plot_accuracy", "prompt_section"]
 
 RUN = "results/h200/prompt.json"
 METHOD_NAMES = {"full": "full prompt", "vector": "prompt vector", "none": "no prompt", "task_vector": "task vector",
@@ -31,7 +31,24 @@ def _positions(rec: dict, method: str) -> str:
 
 
 def accuracy(root: Path) -> str:
-    rec = load(root, RUN)
+    return _accuracy(load(root, RUN), RUN)
+
+
+def prompt_section(path: Path, root: Path) -> str:
+    """docs/RESULTS.md's section of one ``bench prompt`` record (a sweep alone has none)."""
+    import json
+
+    from actzip_bench.report_provenance import provenance
+
+    rec = json.loads(path.read_text())
+    if not rec.get("summary"):
+        return ""
+    rel = path.relative_to(root).as_posix()
+    return ("\n## Prompt vectors: an instruction prompt against one vector in its place\n\n"
+            + provenance(rec, path, root) + "\n\n" + _accuracy(rec, rel) + "\n")
+
+
+def _accuracy(rec: dict, rel: str) -> str:
     summary, c = rec["summary"], rec["config"]
     splits = [s for s in SPLIT_NAMES if s in summary]
     methods = [m for m in METHOD_NAMES if m in summary[splits[0]]]
@@ -52,7 +69,7 @@ def accuracy(root: Path) -> str:
               f"L_e = {fit['extract_layer']}, L_i = {fit['inject_layer']}, {fit['steps']} Adam steps for every "
               f"fitted method. On the held-out splits the vector is {gap:+.1f} points from the full prompt (target: "
               f"within 1) and {over:+.1f} points from the best one-slot baseline, {METHOD_NAMES[best]} (target: "
-              f"+3) {cite(RUN)}."]
+              f"+3) {cite(rel)}."]
     return "\n".join(lines)
 
 

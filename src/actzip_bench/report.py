@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from actzip.errors import ConfigError
+from actzip_bench.figures_prompt import prompt_section
 from actzip_bench.report_decentralized import decentralized_section
 from actzip_bench.report_grpo import grpo_section
 from actzip_bench.report_provenance import provenance
@@ -422,7 +423,7 @@ def build(root: Path) -> str:
     out = [HEADER]
     sections = [("kernels.json", _kernels_section), ("quant.json", _quant_section), ("ffn*.json", _ffn_section),
                 ("gpt*.json", _gpt_section), ("bits.json", _bits_section), ("grpo*.json", grpo_section),
-                ("decentralized*.json", decentralized_section)]
+                ("decentralized*.json", decentralized_section), ("prompt*.json", prompt_section)]
     for machine_dir in sorted(p for p in (root / "results").glob("*") if p.is_dir() and p.name != "demo"):
         for pattern, fn in sections:
             out.extend(fn(p, root) for p in sorted(machine_dir.glob(pattern)))
