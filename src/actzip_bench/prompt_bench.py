@@ -33,7 +33,6 @@ __all__ = ["EVAL_SPLITS", "PromptBenchConfig", "costs", "prefill_cost", "quick_c
 
 EVAL_SPLITS = ("train", "heldout_paraphrase", "heldout_labels", "heldout_family")
 HELD_OUT = EVAL_SPLITS[1:]
-ONE_SLOT_BASELINES = ("task_vector", "soft_prompt")
 
 
 @dataclass

@@ -11,13 +11,9 @@ from pathlib import Path
 from actzip.errors import ConfigError
 from actzip_bench.commands.common import LIST_OPTIONS, command_line, write_json, write_partial
 
-_METHOD_NAMES = {"full": "full prompt", "none": "no prompt", "vector": "prompt vector", "task_vector": "task vector",
-                 "soft_prompt": "soft prompt (1 token)", "i2cl": "I2CL-style"}
-
 
 def _config(args: argparse.Namespace):
     from actzip_bench.prompt_bench import PromptBenchConfig, quick_config
-    from actzip_bench.prompt_model import PromptModelConfig
 
     base = quick_config() if args.quick else PromptBenchConfig()
     over = {}
@@ -38,8 +34,6 @@ def _config(args: argparse.Namespace):
     model = base.model
     if args.train_steps is not None:
         model = replace(model, steps=args.train_steps, warmup=min(model.warmup, args.train_steps - 1))
-    if not isinstance(model, PromptModelConfig):
-        raise ConfigError("bench prompt: bad model config")
     return replace(base, fit=fit, model=model, **over)
 
 
@@ -79,6 +73,8 @@ def _merge(paths: list[str]) -> dict:
 def _print(record: dict, console) -> None:
     from rich.table import Table
 
+    from actzip_bench.figures_prompt import METHOD_NAMES
+
     summary = record["summary"]
     if not summary:
         console.print(f"sweep: {len(record['sweep'])} (task, L_e, L_i) rows")
@@ -89,12 +85,12 @@ def _print(record: dict, console) -> None:
     table.add_column("method")
     for s in splits:
         table.add_column(s.replace("heldout_", "held-out "), justify="right")
-    for method in _METHOD_NAMES:
+    for method in METHOD_NAMES:
         if method not in summary.get(splits[0], {}):
             continue
         cells = [f"{summary[s][method]['mean']:.3f} ±{summary[s][method]['spread'] / 2:.3f}"
                  if method in summary[s] else "" for s in splits]
-        table.add_row(_METHOD_NAMES[method], *cells)
+        table.add_row(METHOD_NAMES[method], *cells)
     console.print(table)
     cost = record.get("cost") or {}
     if cost:
