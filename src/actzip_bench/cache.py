@@ -48,6 +48,11 @@ Measured per model and strategy:
 - ``last_loss``: the loss of each strategy's last timed step (a sanity check: the weights are shared, so
   these are points of one training run, not separate runs).
 
+With ``compile`` the loss runs under ``torch.compile`` for every strategy alike (:func:`compiled_model`): the
+cache then decides, at compile time, what the compiled graphs save (:mod:`actzip.memory.cache.graph_hooks`), and
+the count-only probe of ``none`` counts what the compiled bf16 step saves. The warm-up steps include the
+compilations.
+
 On the CPU the same code runs at a tiny size (``QUICK``); time is then wall-clock and there is no peak.
 """
 
@@ -130,10 +135,25 @@ def _probe(strategies: dict[str, Strategy], model: BenchModel, x, y, tokens: int
     return out
 
 
+def compiled_model(model: BenchModel, backend: str) -> BenchModel:
+    """``model`` with its loss under ``torch.compile(backend=backend)``. Each strategy's cache, checkpointing and
+    module swap is a variant dynamo compiles once (it guards on the saved-tensor hooks and the modules): the
+    limit of variants per function is raised so that none of them falls back to eager code."""
+    import dataclasses
+
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 1024)
+    return dataclasses.replace(model, loss=torch.compile(model.loss, backend=backend))
+
+
 def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, progress=None) -> dict:
     from actzip_bench.harness import run_interleaved
 
     model = build_model(name, cfg, device)
+    if cfg.compile:
+        model = compiled_model(model, cfg.compile)
     n_params = sum(p.numel() for p in model.module.parameters())
     opt = adamw(model.module, cfg.lr)
     sketched, plain = sketch_strategy_modules(model, cfg) if "sketch-d8" in cfg.strategies else (None, None)

@@ -57,6 +57,9 @@ class CacheBenchConfig:
     sketch_head: bool = False  # also sketch the output head's input
     corpus_bytes: int = 4_000_000  # bytes of the embedded corpus read
     seed: int = 0
+    # The loss (forward of the whole model) under torch.compile for every strategy: "" (eager), "inductor"
+    # (the default backend) or "aot_eager" (AOTAutograd without code generation).
+    compile: str = ""
 
     def __post_init__(self) -> None:
         self.models, self.strategies = tuple(self.models), tuple(self.strategies)
@@ -82,6 +85,8 @@ class CacheBenchConfig:
             raise ConfigError(f"cache bench: vocab_size must be >= {BYTE_VOCAB} (the corpus is bytes), got {self.vocab_size}")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise ConfigError(f"cache bench: dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.compile not in ("", "inductor", "aot_eager"):
+            raise ConfigError(f"cache bench: compile must be '', 'inductor' or 'aot_eager', got {self.compile!r}")
         if not 0 < self.sketch_ratio <= 1:
             raise ConfigError(f"cache bench: sketch_ratio must be in (0, 1], got {self.sketch_ratio!r}")
 

@@ -24,6 +24,9 @@ class Codec(ABC):
     lossless: ClassVar[bool]  # decode(encode(x)) is bit-identical to x
     unbiased: ClassVar[bool]  # E[decode(encode(x))] == x (lossless codecs are trivially unbiased)
     dtypes: ClassVar[tuple[torch.dtype, ...]]  # dtypes encode accepts
+    # Payload sizes follow from the tensor's shape and dtype alone (not its values), and payload_layout says
+    # them: such a codec can run inside a compiled graph (actzip.memory.cache.compiled_ops).
+    fixed_size: ClassVar[bool] = False
 
     def check(self, x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
         """Raise a clear actzip error unless this codec can encode ``x``."""
@@ -51,6 +54,11 @@ class Codec(ABC):
         if payload.codec != self.name:
             raise PayloadError(f"{self.name}: cannot decode a payload made by codec {payload.codec!r}")
         return payload
+
+    def payload_layout(self, x: torch.Tensor) -> tuple[tuple[str, ...], dict]:
+        """For a ``fixed_size`` codec: the names of the buffers ``encode(x)`` makes, in a fixed order, and its
+        payload's ``meta``, from ``x``'s shape, strides and dtype alone."""
+        raise NotImplementedError(f"codec {self.name!r} makes payloads whose size depends on the data")
 
     def options(self) -> dict:
         """The options this codec was built with (for reports and configs)."""

@@ -50,6 +50,7 @@ class CastCodec(Codec):
     lossless = False
     unbiased = False
     dtypes = (torch.float32, torch.float64)
+    fixed_size = True
 
     def __init__(self, *, dtype: str = "bfloat16", check: bool = True) -> None:
         check_choice("cast", "dtype", dtype, tuple(CAST_DTYPES))
@@ -71,6 +72,9 @@ class CastCodec(Codec):
                     f"cast: {name} has {n_bad} of {x.numel()} elements beyond float16's largest value (65504); "
                     f"use dtype='bfloat16', rescale the tensor, or check=False to let them become inf")
         return Payload(self.name, x.shape, x.dtype, x.device, {"data": data})
+
+    def payload_layout(self, x: torch.Tensor) -> tuple[tuple[str, ...], dict]:
+        return ("data",), {}
 
     def decode(self, payload: Payload) -> torch.Tensor:
         return self._own(payload).buffers["data"].to(payload.dtype)

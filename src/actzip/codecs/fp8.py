@@ -121,7 +121,7 @@ class FP8Codec(LossyCodec):
         flat, perm = memory_order(x)
         keys = self._next_keys()
         per_group = self.granularity == "group"
-        group_size = self.group_size if per_group else max(flat.numel(), 1)
+        group_size = self._meta(x)["group_size"]
         what = f"fp8(format={self.format!r})"
         if self.uses_triton(x.device, x.dtype, self.group_size if per_group else None):
             from actzip.kernels import fp8 as fp8_kernels
@@ -134,7 +134,14 @@ class FP8Codec(LossyCodec):
         else:
             codes, scale = self._encode_torch(flat, group_size, keys, name, what)
         buffers = {"codes": codes, "scale": scale}
-        return self._payload(x, perm, buffers, format=self.format, group_size=group_size)
+        return self._payload(x, perm, buffers)
+
+    def _meta(self, x: torch.Tensor) -> dict:
+        per_group = self.granularity == "group"
+        return {"format": self.format, "group_size": self.group_size if per_group else max(x.numel(), 1)}
+
+    def buffer_names(self) -> tuple[str, ...]:
+        return ("codes", "scale")
 
     def _encode_torch(self, flat, group_size: int, keys, name: str, what: str):
         fp8 = FP8_FORMATS[self.format]

@@ -36,6 +36,7 @@ from actzip.codecs.counter_rng import stream_keys
 from actzip.codecs.kernel_choice import KERNELS, use_triton
 from actzip.core.checks import check_choice, check_seed
 from actzip.core.dtypes import LOSSY_DTYPES, work_dtype
+from actzip.core.layout import memory_perm
 from actzip.core.payload import Payload
 from actzip.errors import InvalidValueError
 
@@ -65,6 +66,7 @@ class LossyCodec(Codec):
     check, and which implementation runs."""
 
     lossless = False
+    fixed_size = True  # payload sizes follow from the tensor's shape and dtype: a compiled graph can hold them
     unbiased = False  # set per instance from ``rounding``
     dtypes = LOSSY_DTYPES
 
@@ -118,6 +120,18 @@ class LossyCodec(Codec):
             f"use scale='absmax' or rescale the tensor"
         )
 
-    def _payload(self, x: torch.Tensor, perm, buffers: dict, **meta) -> Payload:
-        meta["perm"] = perm
-        return Payload(self.name, x.shape, x.dtype, x.device, buffers=buffers, meta=meta)
+    def _payload(self, x: torch.Tensor, perm, buffers: dict) -> Payload:
+        return Payload(self.name, x.shape, x.dtype, x.device, buffers=buffers, meta={**self._meta(x), "perm": perm})
+
+    def _meta(self, x: torch.Tensor) -> dict:
+        """The payload's meta for ``x`` but its ``perm``."""
+        raise NotImplementedError
+
+    def buffer_names(self) -> tuple[str, ...]:
+        """The names of the payload's buffers, in the order a compiled graph carries them."""
+        raise NotImplementedError
+
+    def payload_layout(self, x: torch.Tensor) -> tuple[tuple[str, ...], dict]:
+        """The buffer names (:meth:`buffer_names`) and the meta of the payload ``encode(x)`` makes, from ``x``'s
+        shape, strides and dtype alone (a meta tensor will do)."""
+        return self.buffer_names(), {**self._meta(x), "perm": memory_perm(x)}

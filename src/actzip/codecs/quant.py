@@ -175,7 +175,13 @@ class QuantCodec(LossyCodec):
         else:
             flat, perm = memory_order(x)
             buffers = self._encode_torch(flat, keys, name, what)
-        return self._payload(x, perm, buffers, bits=self.bits, group_size=self.group_size, scale=self.scale)
+        return self._payload(x, perm, buffers)
+
+    def _meta(self, x: torch.Tensor) -> dict:
+        return {"bits": self.bits, "group_size": self.group_size, "scale": self.scale}
+
+    def buffer_names(self) -> tuple[str, ...]:
+        return ("codes", "lo", "span") if self.scale == "minmax" else ("codes", "absmax")
 
     def _encode_torch(self, flat: torch.Tensor, keys: tuple[int, int], name: str, what: str) -> dict:
         groups = group_rows(flat, self.group_size, work_dtype(flat.dtype))

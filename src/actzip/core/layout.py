@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["memory_order", "memory_rows", "restore_order"]
+__all__ = ["memory_order", "memory_perm", "memory_rows", "restore_order"]
 
 
 def _stride_order(x: torch.Tensor) -> tuple[int, ...]:
     # Largest stride first; for ties (size-1 dims) keep the original order so the permutation is stable.
     return tuple(sorted(range(x.dim()), key=lambda d: (-x.stride(d), d)))
+
+
+def memory_perm(x: torch.Tensor) -> tuple[int, ...] | None:
+    """The ``perm`` :func:`memory_order` (and :func:`memory_rows`) return for ``x``, from its strides alone."""
+    if x.is_contiguous():
+        return None
+    perm = _stride_order(x)
+    return None if perm == tuple(range(x.dim())) else perm
 
 
 def memory_order(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...] | None]:

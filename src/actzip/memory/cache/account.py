@@ -39,7 +39,10 @@ class StepAccount:
     _by_rule: dict[str, RuleStats] = field(default_factory=dict)
     duplicates: int = 0  # saves answered by an already stored tensor
     duplicate_bytes: int = 0  # dense bytes those saves would have taken again
-    # tensors a torch.compile'd graph saved, which the cache kept uncompressed (actzip.memory.cache.compiled)
+    # tensors torch.compile'd graphs saved through the rules inside the graph (actzip.memory.cache.graph_hooks)
+    compiled_saves: int = 0
+    # tensors a torch.compile'd graph saved where the rules could not run in the graph, kept uncompressed
+    # (actzip.memory.cache.compiled)
     uncompressed_compiled: int = 0
     uncompressed_compiled_bytes: int = 0
     # Stored sizes known only on the device (arena payloads), summed when the account is first read.
@@ -98,6 +101,7 @@ class StepAccount:
             "bytes_after": self.bytes_after,
             "duplicates": self.duplicates,
             "duplicate_bytes": self.duplicate_bytes,
+            "compiled_saves": self.compiled_saves,
             "uncompressed_compiled": self.uncompressed_compiled,
             "uncompressed_compiled_bytes": self.uncompressed_compiled_bytes,
             "by_rule": {k: vars(v).copy() for k, v in self.by_rule.items()},
@@ -117,10 +121,13 @@ class StepAccount:
         lines = []
         if self.duplicates:
             lines.append(f"{self.duplicates} duplicate saves stored once ({_mib(self.duplicate_bytes)} not stored again)")
+        if self.compiled_saves:
+            lines.append(f"{self.compiled_saves} of the tensors saved by torch.compile'd graphs, decided inside the "
+                         "graphs")
         if self.uncompressed_compiled:
             lines.append(f"{self.uncompressed_compiled} tensors saved by torch.compile'd code kept uncompressed "
-                         f"({_mib(self.uncompressed_compiled_bytes)}): the cache does not compress inside compiled "
-                         "graphs yet")
+                         f"({_mib(self.uncompressed_compiled_bytes)}): the rules could not run inside those graphs "
+                         "(see actzip.memory.cache.compiled)")
         return "\n".join(lines)
 
     def __str__(self) -> str:

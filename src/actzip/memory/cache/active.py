@@ -27,9 +27,10 @@ def close_cache(cache) -> None:
     _OPEN.remove(cache)
 
 
-def record_external(rule: str, dense_bytes: int, stored_bytes) -> None:
-    """Account bytes kept for backward outside the hooks (e.g. by a fused autograd function) in the innermost
-    open cache's step, under ``rule``; nothing happens when no cache is open."""
+def record_external(rule: str, dense_bytes: int, stored_bytes, *, compiled: bool = False) -> None:
+    """Account bytes kept for backward outside the hooks (e.g. by a fused autograd function, or by a compiled
+    graph: ``compiled``) in the innermost open cache's step, under ``rule``; nothing happens when no cache is
+    open."""
     cache = current_cache()
     if cache is not None:
-        cache.record(rule, dense_bytes, stored_bytes)
+        cache.record(rule, dense_bytes, stored_bytes, compiled=compiled)

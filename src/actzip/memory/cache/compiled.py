@@ -1,6 +1,9 @@
-"""Tensors saved by ``torch.compile``'d code, which the activation cache keeps as they are (for now).
+"""Tensors saved by ``torch.compile``'d code where the cache's hooks are not inlined into the graph: kept.
 
-AOTAutograd runs a compiled graph (inductor's, the default backend, or ``aot_eager``'s) as one
+The cache's own hooks are inlined into compiled graphs, which then compress what they save
+(:mod:`actzip.memory.cache.graph_hooks`). Where that does not happen (hooks of the user's own that hand their
+saves to ``CacheContext.pack``, compiled autograd, a PyTorch that cannot inline hooks) the hooks run eagerly on
+a compiled region's saves, and this module is the safety net. AOTAutograd runs a compiled graph (inductor's, the default backend, or ``aot_eager``'s) as one
 ``torch.autograd.Function``. The graph's intermediates that its backward needs are made inside that function's
 ``forward``, where autograd records nothing, so they reach the pack hook without history, exactly like
 parameters and inputs, and the ``leaf`` rule would keep them uncompressed and out of the account's totals: the
@@ -68,8 +71,9 @@ def warn_uncompressed(shape, dtype) -> None:
     if first:
         warnings.warn(
             f"actzip.cache: the tensors torch.compile'd code saves for backward (first: {tuple(shape)} {dtype}) are "
-            "kept uncompressed: a compiled graph (inductor, aot_eager) makes them inside its own autograd function, "
-            "chosen by the compiler for its backward kernels, and the cache does not compress those yet. The account "
+            "kept uncompressed: the cache's hooks were not inlined into that graph (hooks of your own, compiled "
+            "autograd, or a PyTorch that cannot inline them), and its intermediates, chosen by the compiler for its "
+            "backward kernels, reached the hooks without their roles. The account "
             "counts them under 'compiled' (StepAccount.uncompressed_compiled); code run eagerly around the compiled "
             "part (or compiled with backend='eager') is compressed as usual (warned once)",
             RuntimeWarning,

@@ -15,15 +15,20 @@ With a lossless codec (the default) backward sees bit-identical tensors, so grad
 Composition:
 - ``torch.utils.checkpoint`` (non-reentrant): checkpointed regions install their own hooks, which take
   precedence inside them; the cache compresses the tensors saved outside those regions.
-- ``torch.compile`` (inductor, aot_eager): the hooks run, outside the compiled code, on the tensors the compiled
-  graph saves, but the cache does not compress the graph's own intermediates yet (the compiler chose them for
-  its backward kernels; :mod:`actzip.memory.cache.compiled` says how they are recognized). They are kept as
-  they are, counted under ``compiled`` in the totals (``StepAccount.uncompressed_compiled``, a line of
-  ``print(cache.last)``), and a warning says so once. Code run eagerly around compiled parts is compressed.
+- ``torch.compile`` (inductor, aot_eager; ``fullgraph`` or with graph breaks): the cache's hooks are graph
+  modules, which PyTorch inlines into the compiled graphs (:mod:`actzip.memory.cache.graph_hooks`). Each tensor a
+  graph saves is decided once, when the graph is compiled: its role is read from the backward graph, the rules
+  pick the codec, and the graph runs the codec as a custom op (:mod:`actzip.memory.cache.compiled_ops`) and
+  keeps the payload. The account reports those saves as eager ones (and counts them, ``compiled_saves``).
+  Codecs whose payload size depends on the values (the lossless sparse codec) and offloading cannot run in a
+  graph: announced once, kept. Code between graph breaks goes through the hooks as eager code does. Where
+  hooks cannot be inlined, a compiled graph's saves are kept and counted apart
+  (:mod:`actzip.memory.cache.compiled`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 from typing import Sequence
@@ -32,13 +37,15 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from actzip import compat
+from actzip.codecs.base import Codec
 from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.memory.cache.account import StepAccount
 from actzip.memory.cache.active import close_cache, current_cache, open_cache, record_external
 from actzip.memory.cache.compiled import compiled_graph_inputs, made_by_graph, warn_uncompressed
 from actzip.memory.cache.config import CacheConfig
-from actzip.memory.cache.roles import RoleTracker, role_query
+from actzip.memory.cache.graph_hooks import announce, hook_pair
+from actzip.memory.cache.roles import RoleTracker, assumed_role, role_query
 from actzip.memory.cache.rules import Rule, count_only_rules, same_treatment
 from actzip.memory.cache.stored import StoredActivation
 
@@ -118,6 +125,8 @@ class CacheContext:
         # saves stored so far in the open `with` block, minus one: names a save site (None while rules are only
         # asked about a tensor, not storing it)
         self.save_index: int | None = -1
+        # what a compiled graph's decisions depend on: caches that agree here share hooks, and so graphs
+        self.decisions: str = repr(self.config) if rules is None else f"rules at {id(self.rules):#x}"
 
     @classmethod
     def count_only(cls) -> "CacheContext":
@@ -145,7 +154,7 @@ class CacheContext:
         if self.track_roles:  # a fresh tracker each block: modes are entered once each
             self._tracker = RoleTracker()
             self._tracker.__enter__()
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(*hook_pair(self.decisions))
         self._hooks.__enter__()
         open_cache(self)
         return self
@@ -162,11 +171,13 @@ class CacheContext:
         self._seen.clear()
         self._rule_of.clear()
 
-    def record(self, rule: str, dense_bytes: int, stored_bytes) -> None:
+    def record(self, rule: str, dense_bytes: int, stored_bytes, *, compiled: bool = False) -> None:
         """Account one tensor kept outside the hooks in the open block's step (see
         :func:`~actzip.memory.cache.active.record_external`)."""
         if self._account is not None:
             self._account.add(rule, dense_bytes, stored_bytes)
+            if compiled:
+                self._account.compiled_saves += 1
 
     # -- hooks -------------------------------------------------------------------------------------------
 
@@ -238,16 +249,69 @@ class CacheContext:
         self._account.add("unmatched", dense, dense)
         return CachedActivation(t.detach(), None, None), None
 
+    def compiled_rule(self, t: torch.Tensor, role: str) -> tuple[str, Codec | None]:
+        """How a compiled graph stores ``t`` (a fake tensor: the graph is being traced), a save of role ``role``:
+        the account's rule name and the codec, or ``None`` to keep it. The rules decide as in eager code, with
+        what a graph cannot do announced once and kept instead (see :mod:`actzip.memory.cache.graph_hooks`)."""
+        probe = _stand_in(t)
+        with assumed_role(role), _outside_tracing(probe is not t):
+            for rule in self.rules:
+                codec = rule.codec
+                if codec is not None and not getattr(codec, "fixed_size", False):
+                    # Its test is not even asked (it may read the values, e.g. the zero fraction): skipped.
+                    announce(f"rule {rule.name!r} (codec {codec.name!r}) skipped", "the codec's payload size "
+                             "depends on the tensor's values, which a compiled graph cannot allocate for; the next "
+                             "rules decide")
+                    continue
+                try:
+                    decided = rule.matches(probe)
+                except Exception as e:  # a test that reads the values: the stand-in has none
+                    announce(f"rule {rule.name!r} cannot decide", f"its test needs the tensor's values ({e})")
+                    return f"{rule.name}:kept-compiled", None
+                if not decided:
+                    continue
+                if rule.offload is not None:
+                    announce(f"rule {rule.name!r} not offloaded", "moving to pinned CPU memory does not run "
+                             "inside a compiled graph; what the rule stores stays on the device")
+                return rule.name, codec
+        return "unmatched", None
+
+    # Hooks run from autograd's C++ code, also inside a compiled region's graph breaks: not for dynamo to trace.
+    @torch.compiler.disable
     def pack(self, t: torch.Tensor) -> CachedActivation:
         """Store ``t`` as the hooks would (for code that installs hooks of its own inside the block)."""
         return self._pack(t)
 
     @staticmethod
+    @torch.compiler.disable
     def unpack(saved: CachedActivation) -> torch.Tensor:
         """The tensor ``saved`` (from :meth:`pack`) stands for."""
         return saved.get()
 
     _unpack = unpack
+
+
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
+    """What the rules see of ``t``, a fake tensor of a graph being traced: an empty meta tensor of its shape,
+    strides and dtype, made and tested outside the tracing (a test that reads values then fails cleanly instead
+    of breaking the graph), or ``t`` itself when its shape is symbolic."""
+    if not all(isinstance(n, int) for n in (*t.shape, *t.stride())):
+        return t
+    with _outside_tracing(True):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+@contextlib.contextmanager
+def _outside_tracing(on: bool):
+    """Fake tensors and graph tracing switched off for plain tensors' work inside a trace (when ``on``)."""
+    if not on:
+        yield
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+        yield
 
 
 def cache(preset_or_config: str | CacheConfig | None = None, *, rules: Sequence[Rule] | None = None,

@@ -174,6 +174,8 @@ class _State(threading.local):
         # names it.
         self.memo: tuple[int, str] | None = None
         self.queries = 0  # queries open (nested saves are possible)
+        # The role every tensor has while a compiled graph's save is decided (see assumed_role), else None.
+        self.assumed: str | None = None
 
 
 _STATE = _State()
@@ -198,6 +200,8 @@ class RoleTracker(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.compiler.is_compiling():  # dynamo traces modes: a compiled graph's roles come from the graph
+            return func(*args, **kwargs)
         role = function_role(func)
         if role is None:
             return func(*args, **kwargs)
@@ -284,6 +288,8 @@ class role_query:
 def current_role(t: torch.Tensor) -> str:
     """The role (one of :data:`ROLES`) of ``t``, a tensor being saved now; ``"other"`` outside a tracked call."""
     state = _STATE
+    if state.assumed is not None:
+        return state.assumed
     frames = state.frames
     if not frames:
         return OTHER
@@ -295,6 +301,30 @@ def current_role(t: torch.Tensor) -> str:
     role = role_in_call(t, frames[-1])
     state.memo = (id(t), role)
     return role
+
+
+class assumed_role:
+    """``with assumed_role(role):`` every :func:`current_role` answers ``role``: how the rules decide a tensor
+    a compiled graph saves, whose role comes from the graph (:mod:`actzip.memory.cache.compiled_roles`), not
+    from a tracked call. :func:`role_is_assumed` says whether one is open."""
+
+    __slots__ = ("role", "_before")
+
+    def __init__(self, role: str) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+        self.role = role
+
+    def __enter__(self) -> None:
+        self._before, _STATE.assumed = _STATE.assumed, self.role
+
+    def __exit__(self, *exc) -> None:
+        _STATE.assumed = self._before
+
+
+def role_is_assumed() -> bool:
+    """Whether a compiled graph's save is being decided (inside :class:`assumed_role`)."""
+    return _STATE.assumed is not None
 
 
 def role_in_call(t: torch.Tensor, frame: TrackedCall) -> str:

@@ -27,6 +27,7 @@ from actzip.memory.cache.config import (
     CacheConfig,
 )
 from actzip.memory.cache.offload import Offloader
+from actzip.memory.cache.roles import role_is_assumed
 
 __all__ = [
     "MostlyZero",
@@ -109,7 +110,11 @@ class Rule:
 
 
 def is_leaf_storage(t: torch.Tensor) -> bool:
-    """A leaf tensor or a view of one: parameters, buffers and inputs that live on without autograd."""
+    """A leaf tensor or a view of one: parameters, buffers and inputs that live on without autograd. Never
+    while a compiled graph's save is decided (its graph hands the cache only its own intermediates, which look
+    like leaves there)."""
+    if role_is_assumed():
+        return False
     if t.is_leaf:
         return True
     base = t._base

@@ -1,0 +1,141 @@
+"""The cache's saved-tensor hooks, in a form ``torch.compile`` puts inside its graphs.
+
+``torch.autograd.graph.saved_tensors_hooks`` run, in eager code, on every tensor autograd saves. A
+``torch.compile``'d region is one autograd function whose saves the compiler chose; PyTorch inlines hooks that
+are ``torch.fx.GraphModule`` objects into that function's graphs (the pack hook at the end of the forward
+graph, the unpack hook at the start of the backward graph), and dynamo recompiles when the hooks change. So
+the cache's hooks are such graph modules (:func:`hook_pair`):
+
+- called eagerly (what eager code saves, and code between graph breaks), they go straight to the open cache's
+  own pack and unpack (:class:`~actzip.memory.cache.context.CacheContext`), with no graph in between;
+- traced into a compiled graph, the pack hook decides each saved node once, at compile time: its role comes
+  from the backward graph (:mod:`actzip.memory.cache.compiled_roles`), the cache's rules pick the treatment
+  (:meth:`CacheContext.compiled_rule`), and the graph calls the codec's custom op
+  (:mod:`actzip.memory.cache.compiled_ops`); the unpack hook decodes it in the backward graph.
+
+What cannot be done inside a graph is kept and announced once (:func:`announce`, counted in
+:func:`announcements`): codecs whose payload size depends on the data (the lossless sparse codec), offloading
+to the CPU, a rule whose test reads the tensor's values. Inputs and parameters of a compiled graph never reach
+the hooks (PyTorch applies them to the graph's own intermediates only).
+
+Where PyTorch cannot inline hooks (compiled autograd, or a PyTorch without the hook context that says which node
+is being saved) the hooks run eagerly on a compiled region's saves and the cache keeps those
+(:mod:`actzip.memory.cache.compiled`).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import Counter
+
+import torch
+import torch.fx
+
+from actzip.memory.cache.active import current_cache
+from actzip.memory.cache.compiled_ops import codec_key
+from actzip.memory.cache.compiled_roles import saved_role
+from actzip.memory.cache.roles import OTHER
+from actzip.memory.cache.stored import StoredActivation
+
+__all__ = ["ENCODED", "KEPT", "announce", "announcements", "graph_pack", "graph_unpack", "hook_context",
+           "hook_pair", "inlining_available"]
+
+ENCODED = "actzip:encoded"  # first element of what the pack hook returns inside a graph for a payload
+KEPT = "actzip:kept"  # ... for a tensor the graph keeps as it is
+
+try:  # PyTorch's record of the saved node whose pack hook is being traced (a private, versioned API)
+    from torch._functorch._aot_autograd.graph_compile import _get_saved_tensor_hook_context as _hook_context
+except ImportError:  # pragma: no cover - depends on the PyTorch version
+    _hook_context = None
+
+_lock = threading.Lock()
+_announced: Counter[str] = Counter()
+
+
+def inlining_available() -> bool:
+    """Whether this PyTorch inlines graph-module hooks into compiled graphs and says which node is saved."""
+    return _hook_context is not None
+
+
+def hook_context() -> dict | None:
+    """While a pack hook is traced into a compiled graph: ``{"_node", "_fw_graph", "_bw_graph"}``; else ``None``."""
+    return None if _hook_context is None else _hook_context()
+
+
+def announce(what: str, why: str) -> None:
+    """Count one thing a compiled graph keeps as it is; warn the first time for each ``what``."""
+    with _lock:
+        first = what not in _announced
+        _announced[what] += 1
+    if first:
+        warnings.warn(f"actzip.cache under torch.compile: {what}: {why} (warned once; "
+                      "actzip.memory.cache.graph_hooks.announcements() counts every time)", RuntimeWarning,
+                      stacklevel=3)
+
+
+def announcements() -> dict[str, int]:
+    """How many saved nodes each announced reason kept, in this process (one per compile, not per step)."""
+    with _lock:
+        return dict(_announced)
+
+
+def graph_pack(x):
+    """The pack hook as traced into a compiled graph: decide the saved node once and return what the graph keeps."""
+    cache = current_cache()
+    if cache is None or not isinstance(x, torch.Tensor):
+        return x
+    ctx = hook_context()
+    role = saved_role(ctx["_node"], ctx["_bw_graph"]) if ctx else OTHER
+    name, codec = cache.compiled_rule(x, role)
+    if codec is None:
+        return (KEPT, x, torch.ops.actzip.note_kept(x, name))
+    key = codec_key(codec)
+    buffers = torch.ops.actzip.encode_saved(x, key, name)
+    return (ENCODED, key, tuple(buffers), tuple(x.shape), tuple(x.stride()), x.dtype)
+
+
+def graph_unpack(packed):
+    """The unpack hook as traced into a compiled graph's backward: the tensor :func:`graph_pack` stands for."""
+    if not isinstance(packed, tuple) or not packed or packed[0] not in (ENCODED, KEPT):
+        return packed
+    if packed[0] == KEPT:
+        return packed[1]
+    _, key, buffers, shape, stride, dtype = packed
+    return torch.ops.actzip.decode_saved(list(buffers), key, list(shape), list(stride), dtype)
+
+
+def _eager_pack(self, t):
+    if hook_context() is not None:  # being traced into a graph: run the graph (graph_pack)
+        return torch.nn.Module.__call__(self, t)
+    return current_cache().pack(t)
+
+
+def _eager_unpack(self, packed):
+    if isinstance(packed, StoredActivation):
+        return packed.get()
+    return torch.nn.Module.__call__(self, packed)
+
+
+def _hook_module(fn, eager) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(fn, (graph.placeholder("saved"),)))
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    # Each GraphModule has a class of its own: calling it eagerly skips the module and graph machinery.
+    type(module).__call__ = eager
+    return module
+
+
+_PAIRS: dict[str, tuple[torch.fx.GraphModule, torch.fx.GraphModule]] = {}
+
+
+def hook_pair(decisions: str) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """The (pack, unpack) hooks of caches whose rules decide alike, named by ``decisions`` (a cache's
+    :attr:`~actzip.memory.cache.context.CacheContext.decisions`). Dynamo guards on the hooks' identity: a region
+    compiled under one cache is compiled once for every cache of the same rules (built afresh each step, too),
+    and again for other rules, whose decisions it holds."""
+    with _lock:
+        pair = _PAIRS.get(decisions)
+        if pair is None:
+            pair = _PAIRS[decisions] = (_hook_module(graph_pack, _eager_pack), _hook_module(graph_unpack, _eager_unpack))
+        return pair
