@@ -80,13 +80,20 @@ __all__ = ["BYTE_VOCAB", "DESCRIPTIONS", "HEAD", "KNOWN_STRATEGIES", "LLAMA_VOCA
            "strategy_rules", "use_modules", "with_quick"]
 
 
-def _probe(strategies: dict[str, Strategy], model: BenchModel, x, y, tokens: int, batch: int) -> dict[str, dict]:
-    """One untimed step per strategy on the same weights: bytes by rule, loss-head bytes, gradient error."""
+def _probe(strategies: dict[str, Strategy], model: BenchModel, x, y, tokens: int, batch: int,
+           compiled: bool = False) -> dict[str, dict]:
+    """One untimed step per strategy on the same weights: bytes by rule, loss-head bytes, gradient error.
+
+    ``compiled``: the loss is a compiled function, and each cache and global setting is a variant dynamo
+    compiles anew; the probe then uses each strategy's own cache (one count-only cache for those without), so
+    that it compiles nothing the timed steps do not, and leaves the deterministic algorithms as they are (the
+    gradient error then includes the GPU's run-to-run noise; no head bytes are observed)."""
     from actzip.memory.cache import CacheContext, Rule, count_only_rules
 
     params = [(n, p) for n, p in model.module.named_parameters() if p.requires_grad]
     vocab = model.vocab_size
     out, ref = {}, None
+    counter = CacheContext.count_only()
     for name, s in strategies.items():  # "none" first
         head: list[int] = []
 
@@ -97,11 +104,14 @@ def _probe(strategies: dict[str, Strategy], model: BenchModel, x, y, tokens: int
             return False
 
         rules = s.rules if s.rules is not None else count_only_rules()
-        cache = CacheContext(rules=[Rule(f"observe {HEAD}", observe), *rules])
+        if compiled:
+            cache = s.cache if s.cache is not None else counter
+        else:
+            cache = CacheContext(rules=[Rule(f"observe {HEAD}", observe), *rules])
         for _, p in params:
             p.grad = None
         was = torch.are_deterministic_algorithms_enabled()
-        torch.use_deterministic_algorithms(True)
+        torch.use_deterministic_algorithms(not compiled or was)
         try:
             with s:
                 with s.forward_context(cache):
@@ -163,7 +173,7 @@ def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, pr
     x, y = corpus.get_batch("train", cfg.batch_size, cfg.seq_len, generator=g, device=device)
     tokens = cfg.batch_size * cfg.seq_len
 
-    probes = _probe(strategies, model, x, y, tokens, cfg.batch_size)
+    probes = _probe(strategies, model, x, y, tokens, cfg.batch_size, compiled=bool(cfg.compile))
     last_loss: dict[str, torch.Tensor] = {}
 
     def step(s: Strategy) -> None:
