@@ -43,6 +43,7 @@ from actzip.errors import ConfigError
 from actzip.memory.cache.account import StepAccount
 from actzip.memory.cache.active import close_cache, current_cache, open_cache, record_external
 from actzip.memory.cache.compiled import compiled_graph_inputs, made_by_graph, warn_uncompressed
+from actzip.memory.cache.compiled_placement import install as install_placement
 from actzip.memory.cache.config import CacheConfig
 from actzip.memory.cache.graph_hooks import announce, hook_pair
 from actzip.memory.cache.roles import RoleTracker, assumed_role, role_query
@@ -154,6 +155,7 @@ class CacheContext:
         if self.track_roles:  # a fresh tracker each block: modes are entered once each
             self._tracker = RoleTracker()
             self._tracker.__enter__()
+        install_placement()  # compiled graphs encode and decode next to the uses (once per process)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(*hook_pair(self.decisions))
         self._hooks.__enter__()
         open_cache(self)

@@ -1,0 +1,98 @@
+"""Where a compiled graph runs the cache's codecs: right after a saved tensor's last use in the forward graph,
+right before its first use in the backward graph.
+
+PyTorch inlines the cache's hooks at the end of the forward graph and the start of the backward graph
+(:mod:`actzip.memory.cache.graph_hooks`): every saved tensor would live at full size until the forward ends, and
+every decoded one from the start of the backward, so a compressed step would peak as high as an uncompressed
+one. :func:`place_codec_ops` moves each ``actzip::encode_saved`` / ``actzip::note_kept`` node to just after the
+last other use of its input, and each ``actzip::decode_saved`` node to just before its first user: the full
+tensor is freed as soon as the forward is done with it, and made again only when the backward needs it.
+:func:`install` runs it as an inductor post-grad pass (chained after a pass of the user's own, if any); the
+``aot_eager`` backend runs the graphs as they are.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+
+import torch
+import torch.fx
+
+__all__ = ["PlaceCodecOps", "install", "place_codec_ops"]
+
+
+def _targets():
+    ops = torch.ops.actzip
+    return {ops.encode_saved.default, ops.note_kept.default}, {ops.decode_saved.default}
+
+
+def place_codec_ops(graph: torch.fx.Graph) -> int:
+    """Move the cache's codec nodes of ``graph`` next to the uses of what they encode or decode (see the module
+    docstring); returns how many were moved."""
+    encoders, decoders = _targets()
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    moved = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in encoders:
+            x = node.args[0]
+            others = [u for u in x.users if u is not node and u.op != "output" and u.target not in encoders]
+            last = max(others, key=order.__getitem__, default=x)
+            if order[last] < order[node] and last.next is not node:
+                last.append(node)
+                at = node
+                for u in sorted(node.users, key=order.__getitem__):  # its buffers (getitem nodes) follow it
+                    if u.op == "call_function" and u.target is operator.getitem:
+                        at.append(u)
+                        at = u
+                moved += 1
+        elif node.target in decoders and node.users:
+            first = min(node.users, key=order.__getitem__)
+            if node.next is not first:
+                first.prepend(node)
+                moved += 1
+    graph.lint()
+    return moved
+
+
+try:
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+except ImportError:  # pragma: no cover - a PyTorch without inductor's custom passes
+    CustomGraphPass, get_hash_for_files = object, None
+
+
+class PlaceCodecOps(CustomGraphPass):
+    """:func:`place_codec_ops` as an inductor post-grad pass, after ``then`` (a pass that was installed before)."""
+
+    def __init__(self, then=None) -> None:
+        self.then = then
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        if self.then is not None:
+            self.then(graph)
+        place_codec_ops(graph)
+
+    def uuid(self):
+        before = self.then.uuid() if hasattr(self.then, "uuid") else repr(self.then)
+        return (get_hash_for_files((__file__,)) if get_hash_for_files else __file__, before)
+
+
+_lock = threading.Lock()
+
+
+def install() -> bool:
+    """Run :class:`PlaceCodecOps` on every graph inductor compiles from now on (once per process); ``False``
+    where this PyTorch has no custom post-grad passes."""
+    try:
+        from torch._inductor import config
+    except ImportError:  # pragma: no cover
+        return False
+    if get_hash_for_files is None or not hasattr(config, "post_grad_custom_post_pass"):
+        return False
+    with _lock:
+        current = config.post_grad_custom_post_pass
+        if not isinstance(current, PlaceCodecOps):
+            config.post_grad_custom_post_pass = PlaceCodecOps(current)
+    return True
