@@ -14,7 +14,8 @@ object, with its random stream, lives in this module's table for the life of the
 
 ``encode_saved`` also tells the open cache what it stored (rule, bytes before and after), and
 ``note_kept`` what a graph keeps as it is (it returns an empty tensor the graph saves, so that it runs), so the
-cache's account reports a compiled step as it does an eager one.
+cache's account reports a compiled step as it does an eager one. Where shapes are static, one ``note_graph``
+call per graph run accounts for all its saves at once from a table made at compile time (:func:`graph_saves`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.memory.cache.active import record_external
 
-__all__ = ["codec_key", "codec_of", "decode_saved", "encode_saved", "note_kept"]
+__all__ = ["codec_key", "codec_of", "decode_saved", "encode_saved", "graph_saves", "note_graph", "note_kept"]
 
 _lock = threading.Lock()
 _CODECS: dict[str, Codec] = {}  # key -> the codec a graph runs (it keeps its random stream)
@@ -112,4 +113,28 @@ def note_kept(x: torch.Tensor, rule: str) -> torch.Tensor:
 
 @note_kept.register_fake
 def _note_kept_fake(x: torch.Tensor, rule: str) -> torch.Tensor:
+    return x.new_empty(0)
+
+
+# key of a compiled graph -> {saved node: (rule, bytes before, bytes after)}, filled while the graph is traced
+_GRAPH_SAVES: dict[str, dict[str, tuple[str, int, int]]] = {}
+
+
+def graph_saves(key: str) -> dict[str, tuple[str, int, int]]:
+    """The table of what the compiled graph ``key`` saves, by saved node (filled while it is traced)."""
+    with _lock:
+        return _GRAPH_SAVES.setdefault(key, {})
+
+
+@torch.library.custom_op("actzip::note_graph", mutates_args=())
+def note_graph(x: torch.Tensor, key: str) -> torch.Tensor:
+    """Account everything the compiled graph ``key`` saves (:func:`graph_saves`) in the open cache's step: one
+    call per run of the graph, whatever it saves; an empty tensor to save, so that the graph keeps the call."""
+    for rule, dense, stored in _GRAPH_SAVES.get(key, {}).values():
+        record_external(rule, dense, stored, compiled=True)
+    return x.new_empty(0)
+
+
+@note_graph.register_fake
+def _note_graph_fake(x: torch.Tensor, key: str) -> torch.Tensor:
     return x.new_empty(0)

@@ -53,7 +53,59 @@ def place_codec_ops(graph: torch.fx.Graph) -> int:
             if node.next is not first:
                 first.prepend(node)
                 moved += 1
+    moved += _place_hook_chains(graph)
     graph.lint()
+    return moved
+
+
+def _is_hook(node: torch.fx.Node) -> bool:
+    return "_hook_" in node.name  # PyTorch names a saved node's packed values "<saved>_hook_<i>"
+
+
+def _place_hook_chains(graph: torch.fx.Graph) -> int:
+    """The packing and unpacking the graph does in its own operations (a quant payload): in a forward graph,
+    the nodes that only feed packed outputs move to just after their inputs (a full tensor is then read for its
+    payload as soon as it exists, not at the end); in a backward graph, the nodes that only read packed inputs
+    move to just before their first user."""
+    nodes = list(graph.nodes)
+    pos = {n: float(i) for i, n in enumerate(nodes)}
+    output = nodes[-1]
+    moved = 0
+    outs = output.args[0] if output.op == "output" and isinstance(output.args[0], (tuple, list)) else ()
+    hooks_out = {a for a in outs if isinstance(a, torch.fx.Node) and _is_hook(a)}
+    if hooks_out:  # forward: the nodes whose every use leads only to packed outputs
+        chain: set[torch.fx.Node] = set()
+        for n in reversed(nodes):
+            if n.op != "call_function" or not n.users:
+                continue
+            users = set(n.users)
+            if n in hooks_out and users <= {output} or (users - {output}) and users - {output} <= chain and (
+                    output not in users or n in hooks_out):
+                chain.add(n)
+        for n in sorted(chain, key=pos.__getitem__):
+            inputs = n.all_input_nodes
+            if inputs:
+                after = max(inputs, key=pos.__getitem__)
+                if after.next is not n:
+                    after.append(n)
+                    moved += 1
+                    # right after `after`, before what was moved there earlier
+                    pos[n] = pos[after] + 1e-3 - moved * 1e-9
+        return moved
+    packed = {n for n in nodes if n.op == "placeholder" and _is_hook(n)}
+    if packed:  # backward: the nodes that read only packed values, sunk to their first use
+        chain = set()
+        for n in nodes:
+            if n.op == "call_function" and n.all_input_nodes and all(a in chain or a in packed
+                                                                     for a in n.all_input_nodes):
+                chain.add(n)
+        for n in sorted(chain, key=pos.__getitem__, reverse=True):
+            if n.users:
+                first = min(n.users, key=pos.__getitem__)
+                if n.next is not first:
+                    first.prepend(n)
+                    moved += 1
+                    pos[n] = pos[first] - 1e-3 + moved * 1e-9  # right before `first`, after what came earlier
     return moved
 
 

@@ -10,8 +10,11 @@ the cache's hooks are such graph modules (:func:`hook_pair`):
   own pack and unpack (:class:`~actzip.memory.cache.context.CacheContext`), with no graph in between;
 - traced into a compiled graph, the pack hook decides each saved node once, at compile time: its role comes
   from the backward graph (:mod:`actzip.memory.cache.compiled_roles`), the cache's rules pick the treatment
-  (:meth:`CacheContext.compiled_rule`), and the graph calls the codec's custom op
-  (:mod:`actzip.memory.cache.compiled_ops`); the unpack hook decodes it in the backward graph.
+  (:meth:`CacheContext.compiled_rule`), and the graph encodes it: a ``quant`` codec in the graph's own tensor
+  operations, which the compiler fuses with the kernels around them (:mod:`actzip.memory.cache.compiled_quant`),
+  other codecs through their custom op (:mod:`actzip.memory.cache.compiled_ops`); the unpack hook decodes it in
+  the backward graph. With static shapes the graph accounts all its saves with one call per run
+  (``note_graph``).
 
 What cannot be done inside a graph is kept and announced once (:func:`announce`, counted in
 :func:`announcements`): codecs whose payload size depends on the data (the lossless sparse codec), offloading
@@ -25,6 +28,7 @@ is being saved) the hooks run eagerly on a compiled region's saves and the cache
 
 from __future__ import annotations
 
+import itertools
 import threading
 import warnings
 from collections import Counter
@@ -33,7 +37,8 @@ import torch
 import torch.fx
 
 from actzip.memory.cache.active import current_cache
-from actzip.memory.cache.compiled_ops import codec_key
+from actzip.memory.cache import compiled_quant
+from actzip.memory.cache.compiled_ops import codec_key, graph_saves
 from actzip.memory.cache.compiled_roles import saved_role
 from actzip.memory.cache.roles import OTHER
 from actzip.memory.cache.stored import StoredActivation
@@ -43,6 +48,7 @@ __all__ = ["ENCODED", "KEPT", "announce", "announcements", "graph_pack", "graph_
 
 ENCODED = "actzip:encoded"  # first element of what the pack hook returns inside a graph for a payload
 KEPT = "actzip:kept"  # ... for a tensor the graph keeps as it is
+QUANT = "actzip:quant"  # ... for a quant payload made by the graph's own operations (compiled_quant)
 
 try:  # PyTorch's record of the saved node whose pack hook is being traced (a private, versioned API)
     from torch._functorch._aot_autograd.graph_compile import _get_saved_tensor_hook_context as _hook_context
@@ -51,6 +57,7 @@ except ImportError:  # pragma: no cover - depends on the PyTorch version
 
 _lock = threading.Lock()
 _announced: Counter[str] = Counter()
+_graph_numbers = itertools.count()
 
 
 def inlining_available() -> bool:
@@ -88,19 +95,46 @@ def graph_pack(x):
     ctx = hook_context()
     role = saved_role(ctx["_node"], ctx["_bw_graph"]) if ctx else OTHER
     name, codec = cache.compiled_rule(x, role)
+    static = ctx is not None and all(isinstance(n, int) for n in (*x.shape, *x.stride()))
+    dense = x.numel() * x.element_size() if static else None
+    if codec is not None and static and compiled_quant.supports(codec):
+        codes, lo, span = compiled_quant.encode(x, codec.bits, codec.group_size, codec.rounding == "stochastic")
+        note = _note(ctx, name, dense, sum(t.numel() * t.element_size() for t in (codes, lo, span)), x)
+        return (QUANT, note, codes, lo, span, tuple(x.shape), tuple(x.stride()), x.dtype, codec.bits,
+                codec.group_size)
     if codec is None:
-        return (KEPT, x, torch.ops.actzip.note_kept(x, name))
+        note = _note(ctx, name, dense, dense, x) if static else torch.ops.actzip.note_kept(x, name)
+        return (KEPT, x, note)
     key = codec_key(codec)
     buffers = torch.ops.actzip.encode_saved(x, key, name)
     return (ENCODED, key, tuple(buffers), tuple(x.shape), tuple(x.stride()), x.dtype)
 
 
+def _note(ctx: dict, rule: str, dense: int, stored: int, x: torch.Tensor):
+    """Enter a save of the graph being traced in its table; the graph's first save also carries the one
+    ``note_graph`` call that accounts the whole table on every run (``None`` for the others)."""
+    graph = ctx["_fw_graph"]
+    key = getattr(graph, "_actzip_saves_key", None)
+    if key is None:
+        with _lock:
+            key = f"graph#{next(_graph_numbers)}"
+        graph._actzip_saves_key = key
+    table = graph_saves(key)
+    node = ctx["_node"].name
+    first = not table or next(iter(table)) == node
+    table[node] = (rule, dense, stored)
+    return torch.ops.actzip.note_graph(x, key) if first else None
+
+
 def graph_unpack(packed):
     """The unpack hook as traced into a compiled graph's backward: the tensor :func:`graph_pack` stands for."""
-    if not isinstance(packed, tuple) or not packed or packed[0] not in (ENCODED, KEPT):
+    if not isinstance(packed, tuple) or not packed or packed[0] not in (ENCODED, KEPT, QUANT):
         return packed
     if packed[0] == KEPT:
         return packed[1]
+    if packed[0] == QUANT:
+        _, _, codes, lo, span, shape, stride, dtype, bits, group_size = packed
+        return compiled_quant.decode(codes, lo, span, list(shape), list(stride), dtype, bits, group_size)
     _, key, buffers, shape, stride, dtype = packed
     return torch.ops.actzip.decode_saved(list(buffers), key, list(shape), list(stride), dtype)
 
