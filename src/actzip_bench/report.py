@@ -261,8 +261,10 @@ def _cache_section(path: Path, root: Path) -> str:
     head = (f"the loss is computed {c['loss_chunk']} tokens at a time, each chunk's logits recomputed in backward"
             if c.get("loss_chunk") else "\"w/o head\" leaves out the loss head's float32 log-softmax "
             "(tokens × vocab), which every strategy keeps")
+    compiled = f", under torch.compile ({c['compile']})" if c.get("compile") else ""
     lines = [
-        f"\n## Activation cache: bytes, peak memory and step time per strategy ({c['gpt_preset']} size, {vocab})\n",
+        f"\n## Activation cache: bytes, peak memory and step time per strategy ({c['gpt_preset']} size, {vocab}"
+        f"{compiled})\n",
         f"{c['dtype']}, AdamW, {c['batch_size']} x {c['seq_len']} tokens of the embedded corpus per step, one set of "
         "weights per model shared by all strategies, interleaved step by step (median). Saved bytes: distinct "
         f"activations autograd keeps for backward (parameters and inputs excluded), measured in one probe step; {head}. "

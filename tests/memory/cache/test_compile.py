@@ -117,7 +117,8 @@ def test_4bit_under_aot_eager_compresses_the_graph_saves_by_role():
         assert 0 < rel < 0.2, (n, float(rel))
 
 
-def test_stochastic_rounding_draws_new_noise_every_compiled_step():
+@pytest.mark.parametrize("fuse", [False, True])
+def test_stochastic_rounding_draws_new_noise_every_compiled_step(fuse):
     # Unbiased: the weight gradient of a linear layer whose input is stored 2-bit stochastically averages to
     # the exact one; each step draws new noise (the codec runs in the graph, not a constant of it).
     torch.manual_seed(0)
@@ -128,7 +129,8 @@ def test_stochastic_rounding_draws_new_noise_every_compiled_step():
     f(x).backward()
     exact = lin.weight.grad.clone()
     cache = actzip.cache(rules=[Rule("linear input 2-bit", lambda t: True, "quant",
-                                     codec_options={"bits": 2, "rounding": "stochastic", "check": False})])
+                                     codec_options={"bits": 2, "rounding": "stochastic", "check": False})],
+                         fuse_compiled=fuse)
     grads = []
     for _ in range(64):
         lin.weight.grad = None
@@ -141,6 +143,22 @@ def test_stochastic_rounding_draws_new_noise_every_compiled_step():
     assert not torch.equal(grads[0], grads[1])
     mean = (torch.stack(grads).mean(0) - exact).norm() / exact.norm()
     assert one > 0.01 and mean < one / 4, (float(one), float(mean))  # error of the mean ~ 1/sqrt(64)
+
+
+def test_the_fused_form_stores_what_the_custom_op_stores_and_keeps_exactness_to_nearest():
+    model = ReLU2MLP(64, 512)
+    x = torch.randn(1024, 64)
+    compiled_model = torch.compile(model, backend="aot_eager")
+    accounts, grads = {}, {}
+    for fuse in (False, True):
+        cache = actzip.cache("4bit", min_bytes=0, fuse_compiled=fuse,
+                             treatments={"linear_input": "quant4-rn", "other": "quant4-rn"})
+        _, grads[fuse] = quiet(run, compiled_model, x, cache)
+        accounts[fuse] = cache.last
+    assert accounts[True].bytes_after == accounts[False].bytes_after < accounts[False].bytes_before / 3.5
+    assert accounts[True].compiled_saves == accounts[False].compiled_saves >= 2
+    for n in grads[False]:  # nearest rounding: the fused form makes the codec's payloads, so the same gradients
+        torch.testing.assert_close(grads[True][n], grads[False][n], rtol=1e-5, atol=1e-7)
 
 
 def test_caches_of_the_same_rules_share_one_compiled_graph_and_other_rules_get_their_own():

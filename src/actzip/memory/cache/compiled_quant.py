@@ -11,7 +11,7 @@ most half a step to nearest, up to float32 roundings. Stochastic rounding draws 
 generator (a compiled graph draws anew on every call), not from the codec's counter streams, so payloads are not
 bit-identical to the codec's (to nearest they are).
 
-Groups follow memory order, as the codec's do (dimensions by decreasing stride).
+Used for caches with ``CacheConfig(fuse_compiled=True)``. Groups follow memory order, as the codec's do (dimensions by decreasing stride).
 """
 
 from __future__ import annotations

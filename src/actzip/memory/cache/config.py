@@ -80,8 +80,14 @@ class CacheConfig(Config):
     offload: bool | OffloadConfig = False  # True or an OffloadConfig: what the rules store goes to pinned CPU memory
     dedup: bool = True  # a tensor saved twice (same storage, view and version) is stored once
     track_roles: bool | None = None  # enter a RoleTracker in the block; None: when a rule asks for roles
+    # Under torch.compile, write the quant codec in the graph's own tensor operations, which the compiler fuses
+    # with the kernels around them (no host work per saved tensor; longer compiles), instead of the codec's
+    # custom op (actzip.memory.cache.compiled_quant).
+    fuse_compiled: bool = False
 
     def validate(self) -> None:
+        if not isinstance(self.fuse_compiled, bool):
+            raise ConfigError(f"CacheConfig.fuse_compiled must be True or False, got {self.fuse_compiled!r}")
         if not isinstance(self.preset, str) or self.preset not in _PRESETS:
             raise ConfigError(f"unknown activation cache preset {self.preset!r}; presets: {', '.join(_PRESETS)}")
         if not _int_at_least(self.min_bytes, 0):

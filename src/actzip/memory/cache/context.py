@@ -53,7 +53,7 @@ from actzip.memory.cache.stored import StoredActivation
 __all__ = ["ActivationCache", "CacheContext", "CachedActivation", "cache"]
 
 # Options that still mean something when the rules are given: the rest only shape a preset's rules.
-_OPTIONS_WITH_RULES = ("dedup", "track_roles")
+_OPTIONS_WITH_RULES = ("dedup", "track_roles", "fuse_compiled")
 
 
 class CachedActivation(StoredActivation):

@@ -13,8 +13,9 @@ the cache's hooks are such graph modules (:func:`hook_pair`):
   (:meth:`CacheContext.compiled_rule`), and the graph encodes it: a ``quant`` codec in the graph's own tensor
   operations, which the compiler fuses with the kernels around them (:mod:`actzip.memory.cache.compiled_quant`),
   other codecs through their custom op (:mod:`actzip.memory.cache.compiled_ops`); the unpack hook decodes it in
-  the backward graph. With static shapes the graph accounts all its saves with one call per run
-  (``note_graph``).
+  the backward graph. The codec's custom op is the default; ``CacheConfig(fuse_compiled=True)`` asks for the
+  fused form. With static shapes the graph accounts the saves it keeps (and the fused ones) with one call per
+  run (``note_graph``).
 
 What cannot be done inside a graph is kept and announced once (:func:`announce`, counted in
 :func:`announcements`): codecs whose payload size depends on the data (the lossless sparse codec), offloading
@@ -97,7 +98,7 @@ def graph_pack(x):
     name, codec = cache.compiled_rule(x, role)
     static = ctx is not None and all(isinstance(n, int) for n in (*x.shape, *x.stride()))
     dense = x.numel() * x.element_size() if static else None
-    if codec is not None and static and compiled_quant.supports(codec):
+    if codec is not None and static and cache.config.fuse_compiled and compiled_quant.supports(codec):
         codes, lo, span = compiled_quant.encode(x, codec.bits, codec.group_size, codec.rounding == "stochastic")
         note = _note(ctx, name, dense, sum(t.numel() * t.element_size() for t in (codes, lo, span)), x)
         return (QUANT, note, codes, lo, span, tuple(x.shape), tuple(x.stride()), x.dtype, codec.bits,
