@@ -8,6 +8,8 @@ import actzip
 from actzip.codecs import get
 from actzip.memory.cache import compiled_ops
 
+compiled_ops.register()
+
 
 def test_the_custom_ops_pass_opcheck_and_match_the_codec():
     from actzip.codecs import get

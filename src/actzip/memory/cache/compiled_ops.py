@@ -30,7 +30,7 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.memory.cache.active import record_external
 
-__all__ = ["codec_key", "codec_of", "decode_saved", "encode_saved", "graph_saves", "note_graph", "note_kept"]
+__all__ = ["codec_key", "codec_of", "graph_saves", "register"]
 
 _lock = threading.Lock()
 _CODECS: dict[str, Codec] = {}  # key -> the codec a graph runs (it keeps its random stream)
@@ -72,50 +72,6 @@ def _payload(key: str, buffers: list[torch.Tensor], shape, stride, dtype: torch.
     return Payload(codec.name, torch.Size(shape), dtype, buffers[0].device, dict(zip(names, buffers)), meta)
 
 
-@torch.library.custom_op("actzip::encode_saved", mutates_args=())
-def encode_saved(x: torch.Tensor, codec: str, rule: str) -> list[torch.Tensor]:
-    """The buffers of ``x`` encoded by the codec ``codec`` names, in the codec's order; accounted under
-    ``rule`` in the open cache's step."""
-    c = codec_of(codec)
-    payload = c.encode(x, name=f"tensor {tuple(x.shape)} {x.dtype} saved by a compiled graph")
-    names, _ = c.payload_layout(x)
-    record_external(rule, x.numel() * x.element_size(), payload.nbytes, compiled=True)
-    return [payload.buffers[n] for n in names]
-
-
-@encode_saved.register_fake
-def _encode_saved_fake(x: torch.Tensor, codec: str, rule: str) -> list[torch.Tensor]:
-    twin = codec_of(codec, fake=True)
-    payload = twin.encode(x)
-    names, _ = twin.payload_layout(x)
-    return [payload.buffers[n] for n in names]
-
-
-@torch.library.custom_op("actzip::decode_saved", mutates_args=())
-def decode_saved(buffers: list[torch.Tensor], codec: str, shape: list[int], stride: list[int],
-                 dtype: torch.dtype) -> torch.Tensor:
-    """The tensor the buffers of :func:`encode_saved` stand for (shape, strides and dtype of the one encoded)."""
-    return codec_of(codec).decode(_payload(codec, buffers, shape, stride, dtype, fake=False))
-
-
-@decode_saved.register_fake
-def _decode_saved_fake(buffers, codec, shape, stride, dtype):
-    return codec_of(codec, fake=True).decode(_payload(codec, buffers, shape, stride, dtype, fake=True))
-
-
-@torch.library.custom_op("actzip::note_kept", mutates_args=())
-def note_kept(x: torch.Tensor, rule: str) -> torch.Tensor:
-    """Account ``x``, which a compiled graph keeps as it is, under ``rule``; an empty tensor to save."""
-    n = x.numel() * x.element_size()
-    record_external(rule, n, n, compiled=True)
-    return x.new_empty(0)
-
-
-@note_kept.register_fake
-def _note_kept_fake(x: torch.Tensor, rule: str) -> torch.Tensor:
-    return x.new_empty(0)
-
-
 # key of a compiled graph -> {saved node: (rule, bytes before, bytes after)}, filled while the graph is traced
 _GRAPH_SAVES: dict[str, dict[str, tuple[str, int, int]]] = {}
 
@@ -126,15 +82,73 @@ def graph_saves(key: str) -> dict[str, tuple[str, int, int]]:
         return _GRAPH_SAVES.setdefault(key, {})
 
 
-@torch.library.custom_op("actzip::note_graph", mutates_args=())
-def note_graph(x: torch.Tensor, key: str) -> torch.Tensor:
-    """Account everything the compiled graph ``key`` saves (:func:`graph_saves`) in the open cache's step: one
-    call per run of the graph, whatever it saves; an empty tensor to save, so that the graph keeps the call."""
-    for rule, dense, stored in _GRAPH_SAVES.get(key, {}).values():
-        record_external(rule, dense, stored, compiled=True)
-    return x.new_empty(0)
+_registered = False
 
 
-@note_graph.register_fake
-def _note_graph_fake(x: torch.Tensor, key: str) -> torch.Tensor:
-    return x.new_empty(0)
+def register() -> None:
+    """Register the custom ops with PyTorch (once; registering loads dynamo, so ``import actzip`` does not)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        _registered = True
+    _define()
+
+
+def _define() -> None:
+    @torch.library.custom_op("actzip::encode_saved", mutates_args=())
+    def encode_saved(x: torch.Tensor, codec: str, rule: str) -> list[torch.Tensor]:
+        """The buffers of ``x`` encoded by the codec ``codec`` names, in the codec's order; accounted under
+        ``rule`` in the open cache's step."""
+        c = codec_of(codec)
+        payload = c.encode(x, name=f"tensor {tuple(x.shape)} {x.dtype} saved by a compiled graph")
+        names, _ = c.payload_layout(x)
+        record_external(rule, x.numel() * x.element_size(), payload.nbytes, compiled=True)
+        return [payload.buffers[n] for n in names]
+
+
+    @encode_saved.register_fake
+    def _encode_saved_fake(x: torch.Tensor, codec: str, rule: str) -> list[torch.Tensor]:
+        twin = codec_of(codec, fake=True)
+        payload = twin.encode(x)
+        names, _ = twin.payload_layout(x)
+        return [payload.buffers[n] for n in names]
+
+
+    @torch.library.custom_op("actzip::decode_saved", mutates_args=())
+    def decode_saved(buffers: list[torch.Tensor], codec: str, shape: list[int], stride: list[int],
+                     dtype: torch.dtype) -> torch.Tensor:
+        """The tensor the buffers of :func:`encode_saved` stand for (shape, strides and dtype of the one encoded)."""
+        return codec_of(codec).decode(_payload(codec, buffers, shape, stride, dtype, fake=False))
+
+
+    @decode_saved.register_fake
+    def _decode_saved_fake(buffers, codec, shape, stride, dtype):
+        return codec_of(codec, fake=True).decode(_payload(codec, buffers, shape, stride, dtype, fake=True))
+
+
+    @torch.library.custom_op("actzip::note_kept", mutates_args=())
+    def note_kept(x: torch.Tensor, rule: str) -> torch.Tensor:
+        """Account ``x``, which a compiled graph keeps as it is, under ``rule``; an empty tensor to save."""
+        n = x.numel() * x.element_size()
+        record_external(rule, n, n, compiled=True)
+        return x.new_empty(0)
+
+
+    @note_kept.register_fake
+    def _note_kept_fake(x: torch.Tensor, rule: str) -> torch.Tensor:
+        return x.new_empty(0)
+
+
+    @torch.library.custom_op("actzip::note_graph", mutates_args=())
+    def note_graph(x: torch.Tensor, key: str) -> torch.Tensor:
+        """Account everything the compiled graph ``key`` saves (:func:`graph_saves`) in the open cache's step: one
+        call per run of the graph, whatever it saves; an empty tensor to save, so that the graph keeps the call."""
+        for rule, dense, stored in _GRAPH_SAVES.get(key, {}).values():
+            record_external(rule, dense, stored, compiled=True)
+        return x.new_empty(0)
+
+
+    @note_graph.register_fake
+    def _note_graph_fake(x: torch.Tensor, key: str) -> torch.Tensor:
+        return x.new_empty(0)

@@ -7,7 +7,7 @@ every decoded one from the start of the backward, so a compressed step would pea
 one. :func:`place_codec_ops` moves each ``actzip::encode_saved`` / ``actzip::note_kept`` node to just after the
 last other use of its input, and each ``actzip::decode_saved`` node to just before its first user: the full
 tensor is freed as soon as the forward is done with it, and made again only when the backward needs it.
-:func:`install` runs it as an inductor post-grad pass (chained after a pass of the user's own, if any); the
+:func:`install` runs it (:func:`pass_class`) as an inductor post-grad pass (chained after a pass of the user's own, if any); the
 ``aot_eager`` backend runs the graphs as they are.
 """
 
@@ -19,10 +19,13 @@ import threading
 import torch
 import torch.fx
 
-__all__ = ["PlaceCodecOps", "install", "place_codec_ops"]
+from actzip.memory.cache.compiled_ops import register
+
+__all__ = ["forget_install", "install", "pass_class", "place_codec_ops"]
 
 
 def _targets():
+    register()
     ops = torch.ops.actzip
     return {ops.encode_saved.default, ops.note_kept.default}, {ops.decode_saved.default}
 
@@ -109,42 +112,62 @@ def _place_hook_chains(graph: torch.fx.Graph) -> int:
     return moved
 
 
-try:
-    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
-except ImportError:  # pragma: no cover - a PyTorch without inductor's custom passes
-    CustomGraphPass, get_hash_for_files = object, None
+_PASS_CLASS = None
 
 
-class PlaceCodecOps(CustomGraphPass):
-    """:func:`place_codec_ops` as an inductor post-grad pass, after ``then`` (a pass that was installed before)."""
+def pass_class():
+    """:class:`PlaceCodecOps`'s class, built on first use: inductor (and with it Triton) is imported only by a
+    cache that is entered, never by ``import actzip``."""
+    global _PASS_CLASS
+    if _PASS_CLASS is None:
+        from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-    def __init__(self, then=None) -> None:
-        self.then = then
+        class PlaceCodecOps(CustomGraphPass):
+            """:func:`place_codec_ops` as an inductor post-grad pass, after ``then`` (a pass installed before)."""
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        if self.then is not None:
-            self.then(graph)
-        place_codec_ops(graph)
+            def __init__(self, then=None) -> None:
+                self.then = then
 
-    def uuid(self):
-        before = self.then.uuid() if hasattr(self.then, "uuid") else repr(self.then)
-        return (get_hash_for_files((__file__,)) if get_hash_for_files else __file__, before)
+            def __call__(self, graph: torch.fx.Graph) -> None:
+                if self.then is not None:
+                    self.then(graph)
+                place_codec_ops(graph)
+
+            def uuid(self):
+                before = self.then.uuid() if hasattr(self.then, "uuid") else repr(self.then)
+                return (get_hash_for_files((__file__,)), before)
+
+        _PASS_CLASS = PlaceCodecOps
+    return _PASS_CLASS
 
 
 _lock = threading.Lock()
+_installed = False  # the pass is in inductor's config (install)
+
+
+def forget_install() -> None:
+    """Forget that :func:`install` ran (it checks inductor's config again on the next call)."""
+    global _installed
+    _installed = False
 
 
 def install() -> bool:
-    """Run :class:`PlaceCodecOps` on every graph inductor compiles from now on (once per process); ``False``
+    """Run the pass (:func:`pass_class`) on every graph inductor compiles from now on (once per process); ``False``
     where this PyTorch has no custom post-grad passes."""
+    global _installed
+    if _installed:
+        return True
     try:
         from torch._inductor import config
-    except ImportError:  # pragma: no cover
+
+        cls = pass_class()
+    except ImportError:  # pragma: no cover - a PyTorch without inductor's custom passes
         return False
-    if get_hash_for_files is None or not hasattr(config, "post_grad_custom_post_pass"):
+    if not hasattr(config, "post_grad_custom_post_pass"):
         return False
     with _lock:
         current = config.post_grad_custom_post_pass
-        if not isinstance(current, PlaceCodecOps):
-            config.post_grad_custom_post_pass = PlaceCodecOps(current)
+        if not isinstance(current, cls):
+            config.post_grad_custom_post_pass = cls(current)
+        _installed = True
     return True

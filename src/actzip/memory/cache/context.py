@@ -45,7 +45,7 @@ from actzip.memory.cache.active import close_cache, current_cache, open_cache, r
 from actzip.memory.cache.compiled import compiled_graph_inputs, made_by_graph, warn_uncompressed
 from actzip.memory.cache.compiled_placement import install as install_placement
 from actzip.memory.cache.config import CacheConfig
-from actzip.memory.cache.graph_hooks import announce, hook_pair
+from actzip.memory.cache.graph_hooks import announce, hook_pair, not_traced
 from actzip.memory.cache.roles import RoleTracker, assumed_role, role_query
 from actzip.memory.cache.rules import Rule, count_only_rules, same_treatment
 from actzip.memory.cache.stored import StoredActivation
@@ -279,13 +279,17 @@ class CacheContext:
         return "unmatched", None
 
     # Hooks run from autograd's C++ code, also inside a compiled region's graph breaks: not for dynamo to trace.
-    @torch.compiler.disable
+    @not_traced
     def pack(self, t: torch.Tensor) -> CachedActivation:
         """Store ``t`` as the hooks would (for code that installs hooks of its own inside the block)."""
         return self._pack(t)
 
+    def pack_eager(self, t: torch.Tensor) -> CachedActivation:
+        """:meth:`pack`, for the cache's own hooks (which keep dynamo out themselves)."""
+        return self._pack(t)
+
     @staticmethod
-    @torch.compiler.disable
+    @not_traced
     def unpack(saved: CachedActivation) -> torch.Tensor:
         """The tensor ``saved`` (from :meth:`pack`) stands for."""
         return saved.get()

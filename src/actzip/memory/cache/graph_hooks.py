@@ -29,7 +29,9 @@ is being saved) the hooks run eagerly on a compiled region's saves and the cache
 
 from __future__ import annotations
 
+import functools
 import itertools
+import sys
 import threading
 import warnings
 from collections import Counter
@@ -40,21 +42,22 @@ import torch.fx
 from actzip.memory.cache.active import current_cache
 from actzip.memory.cache import compiled_quant
 from actzip.memory.cache.compiled_ops import codec_key, graph_saves
+from actzip.memory.cache.compiled_ops import register as register_ops
 from actzip.memory.cache.compiled_roles import saved_role
 from actzip.memory.cache.roles import OTHER
 from actzip.memory.cache.stored import StoredActivation
 
-__all__ = ["ENCODED", "KEPT", "announce", "announcements", "graph_pack", "graph_unpack", "hook_context",
-           "hook_pair", "inlining_available"]
+__all__ = ["ENCODED", "KEPT", "QUANT", "announce", "announcements", "graph_pack", "graph_unpack", "hook_context",
+           "hook_pair", "inlining_available", "not_traced"]
 
 ENCODED = "actzip:encoded"  # first element of what the pack hook returns inside a graph for a payload
 KEPT = "actzip:kept"  # ... for a tensor the graph keeps as it is
 QUANT = "actzip:quant"  # ... for a quant payload made by the graph's own operations (compiled_quant)
 
-try:  # PyTorch's record of the saved node whose pack hook is being traced (a private, versioned API)
-    from torch._functorch._aot_autograd.graph_compile import _get_saved_tensor_hook_context as _hook_context
-except ImportError:  # pragma: no cover - depends on the PyTorch version
-    _hook_context = None
+# Where PyTorch keeps its record of the saved node whose pack hook is being traced (a private, versioned API).
+# Looked up in sys.modules only: nothing is traced before AOTAutograd is loaded, and importing it loads dynamo.
+_AOT_MODULE = "torch._functorch._aot_autograd.graph_compile"
+_CONTEXT_NAME = "_get_saved_tensor_hook_context"
 
 _lock = threading.Lock()
 _announced: Counter[str] = Counter()
@@ -63,12 +66,18 @@ _graph_numbers = itertools.count()
 
 def inlining_available() -> bool:
     """Whether this PyTorch inlines graph-module hooks into compiled graphs and says which node is saved."""
-    return _hook_context is not None
+    import importlib
+
+    try:
+        return hasattr(importlib.import_module(_AOT_MODULE), _CONTEXT_NAME)
+    except ImportError:  # pragma: no cover - depends on the PyTorch version
+        return False
 
 
 def hook_context() -> dict | None:
     """While a pack hook is traced into a compiled graph: ``{"_node", "_fw_graph", "_bw_graph"}``; else ``None``."""
-    return None if _hook_context is None else _hook_context()
+    context = getattr(sys.modules.get(_AOT_MODULE), _CONTEXT_NAME, None)
+    return None if context is None else context()
 
 
 def announce(what: str, why: str) -> None:
@@ -93,6 +102,7 @@ def graph_pack(x):
     cache = current_cache()
     if cache is None or not isinstance(x, torch.Tensor):
         return x
+    register_ops()
     ctx = hook_context()
     role = saved_role(ctx["_node"], ctx["_bw_graph"]) if ctx else OTHER
     name, codec = cache.compiled_rule(x, role)
@@ -140,15 +150,35 @@ def graph_unpack(packed):
     return torch.ops.actzip.decode_saved(list(buffers), key, list(shape), list(stride), dtype)
 
 
+def not_traced(fn):
+    """``fn``, which dynamo must not trace: saved-tensor hooks run from autograd's C++ code, also between a
+    compiled region's graph breaks, where dynamo would try to compile them. ``torch.compiler.disable`` is applied
+    on the first call made once dynamo is loaded (loading it at import would load Triton with it)."""
+    disabled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            if "torch._dynamo" not in sys.modules:
+                return fn(*args, **kwargs)
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call
+
+
+@not_traced
 def _eager_pack(self, t):
     if hook_context() is not None:  # being traced into a graph: run the graph (graph_pack)
         return torch.nn.Module.__call__(self, t)
-    return current_cache().pack(t)
+    return current_cache().pack_eager(t)
 
 
+@not_traced
 def _eager_unpack(self, packed):
     if isinstance(packed, StoredActivation):
-        return packed.get()
+        return packed.get()  # decoding: the codec's own kernels
     return torch.nn.Module.__call__(self, packed)
 
 
