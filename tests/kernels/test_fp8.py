@@ -16,8 +16,8 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'actz
 
 from actzip.codecs.fp8 import FP8Codec  # noqa: E402
 
-from .cases import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
-from .quant_cases import DTYPES, ROUNDINGS, check_paths, fp8, random_input  # noqa: E402
+from kernel_cases import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
+from quant_cases import DTYPES, ROUNDINGS, check_paths, fp8, random_input  # noqa: E402
 
 # Arithmetic on padding rows and on inf/NaN groups is what the format asks for; numpy (the interpreter) warns.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")

@@ -24,8 +24,8 @@ from actzip.kernels import quant as K  # noqa: E402
 from actzip.kernels import quant_tiles as tiles  # noqa: E402
 from actzip.kernels import runtime  # noqa: E402
 
-from .cases import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
-from .quant_cases import (  # noqa: E402
+from kernel_cases import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
+from quant_cases import (  # noqa: E402
     DTYPES,
     QUANT_CONFIGS,
     ROUNDINGS,

@@ -17,8 +17,8 @@ from actzip.codecs.fp8 import FP8_FORMATS, FP8Codec  # noqa: E402
 from actzip.kernels import quant_bits as KB  # noqa: E402
 from actzip.kernels import quant_tiles as tiles  # noqa: E402
 
-from .cases import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
-from .quant_cases import assert_same_values  # noqa: E402
+from kernel_cases import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
+from quant_cases import assert_same_values  # noqa: E402
 
 # Arithmetic on padding rows and on inf/NaN groups is what the format asks for; numpy (the interpreter) warns.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")

@@ -17,8 +17,8 @@ from actzip.kernels import fp8 as F8  # noqa: E402
 from actzip.kernels import quant as K  # noqa: E402
 from actzip.kernels import quant_tiles as tiles  # noqa: E402
 
-from .cases import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
-from .quant_cases import assert_same_bits, assert_same_values  # noqa: E402
+from kernel_cases import DEVICES  # noqa: E402  (CPU under the interpreter, and CUDA)
+from quant_cases import assert_same_bits, assert_same_values  # noqa: E402
 
 # Arithmetic on padding rows and on inf/NaN groups is what the format asks for; numpy (the interpreter) warns.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 from actzip.kernels import relu_mlp as K  # noqa: E402
 from actzip.kernels import runtime  # noqa: E402
 
-from .cases import assert_bit_equal, random_tensor, special_values  # noqa: E402
+from kernel_cases import assert_bit_equal, random_tensor, special_values  # noqa: E402
 
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(runtime.unavailable_reason("cpu") is not None, reason="no interpreter")),

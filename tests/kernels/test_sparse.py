@@ -19,7 +19,7 @@ from actzip.kernels import sparse_encode as se  # noqa: E402
 from actzip.kernels import sparse_launch as sl  # noqa: E402
 from actzip.kernels import sparse_signpack as sp  # noqa: E402
 
-from .cases import DEVICES, DTYPES, assert_bit_equal, bits, random_tensor, special_values  # noqa: E402
+from kernel_cases import DEVICES, DTYPES, assert_bit_equal, bits, random_tensor, special_values  # noqa: E402
 
 DENSITIES = [0.0, 0.05, 0.5, 1.0]
 

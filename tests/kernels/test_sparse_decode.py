@@ -19,7 +19,7 @@ from actzip.kernels import sparse as st  # noqa: E402
 from actzip.kernels import sparse_decode as sd  # noqa: E402
 from actzip.kernels.sparse_launch import values_base  # noqa: E402
 
-from .cases import DEVICES, bits, random_tensor  # noqa: E402
+from kernel_cases import DEVICES, bits, random_tensor  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn]  # every width (and both 16-bit floats)
 DENSITIES = [0.0, 0.2, 0.5, 1.0]

@@ -6,30 +6,18 @@ finds its predecessor finished); CUDA cases run programs concurrently, which is 
 decoupled look-back, on tensors of many tiles.
 """
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'actzip[triton]')")
 
-from actzip.codecs.sparse import SparseCodec  # noqa: E402
 from actzip.errors import ConfigError  # noqa: E402
 from actzip.kernels import sparse_encode as se  # noqa: E402
 from actzip.memory.modules.arena import Arena  # noqa: E402
 
-from .cases import DEVICES, FP8, assert_bit_equal, bits, random_tensor, special_values  # noqa: E402
-
-
-
-def oracle(x: torch.Tensor, tile: int, sign_pack: bool):
-    """The PyTorch codec's buffers and counts, under the Triton encoders' names."""
-    p = SparseCodec(tile_size=tile, sign_pack=sign_pack, check=False, kernel="torch").encode(x.reshape(-1))
-    b = p.buffers
-    raw = bits(x).reshape(-1).to(torch.int64)
-    return SimpleNamespace(mask=b["mask"], tile_offsets=b["tile_offsets"], values=b["values"],
-                           total=b["values"].numel(), nnz=p.meta["nnz"],
-                           sign_set=int(((raw >> (8 * x.element_size() - 1)) & 1).sum()))
+from kernel_cases import (  # noqa: E402
+    DEVICES, FP8, assert_bit_equal, bits, oracle, random_tensor, relu_by_bits, special_values,
+)
 
 
 def check_against_oracle(x, tile, sign_pack, **kw):
@@ -107,12 +95,6 @@ def test_fused_relu_matches_torch(device, dtype, act, passes):
         assert torch.equal(got.act, r.square())
     else:
         assert act is None or got.act.shape == h.shape
-
-
-def relu_by_bits(h: torch.Tensor) -> torch.Tensor:
-    """torch's relu as CUDA computes it, by selection only: NaN passes with its payload and sign, -0.0 gives +0.0
-    (the CPU's relu keeps -0.0)."""
-    return torch.where((h > 0) | h.isnan(), h, torch.zeros_like(h))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -16,8 +16,9 @@ from actzip.kernels import sparse_encode as se  # noqa: E402
 from actzip.kernels.sparse_encode_single import OnePass, check_one_pass  # noqa: E402
 from actzip.memory.modules.arena import Arena  # noqa: E402
 
-from .cases import DEVICES, assert_bit_equal, random_tensor, special_values  # noqa: E402
-from .test_sparse_encode import oracle, relu_by_bits  # noqa: E402
+from kernel_cases import (  # noqa: E402
+    DEVICES, assert_bit_equal, oracle, random_tensor, relu_by_bits, special_values,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see tests/conftest.py
 

@@ -10,7 +10,7 @@ from actzip.errors import ConfigError  # noqa: E402
 from actzip.kernels import sparse as st  # noqa: E402
 from actzip.kernels import sparse_signpack as sp  # noqa: E402
 
-from .cases import DEVICES  # noqa: E402
+from kernel_cases import DEVICES  # noqa: E402
 
 WIDTHS = [(7, torch.uint8), (15, torch.int16), (31, torch.int32)]
 

@@ -1,10 +1,12 @@
 """What the kernel tests share: the devices they run on, the dtypes, and random raw bit patterns."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from actzip.codecs.sparse import SparseCodec
 from actzip.core.dtypes import bit_view_dtype
 from actzip.kernels import runtime
 
@@ -65,3 +67,19 @@ def special_values(dtype: torch.dtype, signed: bool = True) -> torch.Tensor:
     if w is not torch.uint8:
         raw_t = torch.where(raw_t >= top, raw_t - (1 << nbits), raw_t)
     return raw_t.to(w).view(dtype)
+
+
+def oracle(x: torch.Tensor, tile: int, sign_pack: bool):
+    """The PyTorch codec's buffers and counts, under the Triton encoders' names."""
+    p = SparseCodec(tile_size=tile, sign_pack=sign_pack, check=False, kernel="torch").encode(x.reshape(-1))
+    b = p.buffers
+    raw = bits(x).reshape(-1).to(torch.int64)
+    return SimpleNamespace(mask=b["mask"], tile_offsets=b["tile_offsets"], values=b["values"],
+                           total=b["values"].numel(), nnz=p.meta["nnz"],
+                           sign_set=int(((raw >> (8 * x.element_size() - 1)) & 1).sum()))
+
+
+def relu_by_bits(h: torch.Tensor) -> torch.Tensor:
+    """torch's relu as CUDA computes it, by selection only: NaN passes with its payload and sign, -0.0 gives +0.0
+    (the CPU's relu keeps -0.0)."""
+    return torch.where((h > 0) | h.isnan(), h, torch.zeros_like(h))
