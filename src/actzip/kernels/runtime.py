@@ -113,8 +113,10 @@ _fallbacks: Counter[str] = Counter()
 _warned: set[str] = set()
 
 
-def record_fallback(what: str, reason: str, *, stacklevel: int = 3) -> None:
-    """Count one fallback from the Triton kernels to PyTorch; warn the first time for each (what, reason)."""
+def record_fallback(what: str, reason: str, *, stacklevel: int = 3,
+                    instead: str = "using the PyTorch implementation instead of the Triton kernels") -> None:
+    """Count one fallback (by default from the Triton kernels to PyTorch; ``instead`` says what runs in their
+    place); warn the first time for each (what, reason)."""
     key = f"{what}: {reason}"
     with _lock:
         _fallbacks[key] += 1
@@ -122,7 +124,7 @@ def record_fallback(what: str, reason: str, *, stacklevel: int = 3) -> None:
         _warned.add(key)
     if first:
         warnings.warn(
-            f"actzip {what}: using the PyTorch implementation instead of the Triton kernels because {reason} "
+            f"actzip {what}: {instead} because {reason} "
             f"(warned once; actzip.kernels.runtime.fallback_counts() counts every time)",
             RuntimeWarning,
             stacklevel=stacklevel,

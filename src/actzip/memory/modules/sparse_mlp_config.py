@@ -36,6 +36,7 @@ from actzip.kernels import runtime
 from actzip.memory.modules.arena import Arena
 from actzip.memory.modules.norm_rebuild import mark_norm_outputs, rebuild_projection_inputs
 from actzip.memory.modules.relu_mlp import SparseGatedReLUMLP, SparseReLUMLP
+from actzip.memory.modules.rms_norm import ExactRMSNorm, exact_form, is_hf_rms_norm
 
 __all__ = ["LAYOUT_ATTR", "ACTIVATION_ATTR", "SparseMLPConfig", "arena_of", "arena_refusal", "mlp_layout",
            "swap_sparse_mlps"]
@@ -231,14 +232,33 @@ def swap_sparse_mlps(model: nn.Module, config: SparseMLPConfig, filter_fn: Filte
         _hook_norms(model, report)
 
 
+def _swap_exact_norms(model: nn.Module, report: CompressReport) -> int:
+    """Swap each transformers RMSNorm whose forward :func:`exact_form` recognizes for an :class:`ExactRMSNorm`;
+    the count swapped (the others are left to the norm hooks, and the report says why)."""
+    swapped = 0
+    for fqn, module in list(model.named_modules()):
+        if not is_hf_rms_norm(module):
+            continue
+        form = exact_form(module)
+        if form is None:
+            report.notes.append(f"rebuild_norms: {fqn} ({type(module).__name__}, {module.weight.dtype}) is not one of "
+                                "the RMSNorm forms computed exactly; its output is rebuilt by its own forward")
+            continue
+        replace_module(model, fqn, ExactRMSNorm(module, form), report, f"ExactRMSNorm({form})")
+        swapped += 1
+    return swapped
+
+
 def _hook_norms(model: nn.Module, report: CompressReport) -> None:
-    """Mark the model's norm outputs (once per model, undone by restore_)."""
+    """Swap the transformers RMSNorms it can for exact lean ones and mark the other norms' outputs (once per
+    model, undone by restore_)."""
     if getattr(model, _NORMS_HOOKED, False):
         return
+    n_exact = _swap_exact_norms(model, report)
     handles = mark_norm_outputs(model)
-    if not handles:
+    n_norms = len(handles) // 2
+    if not handles and not n_exact:
         return
-    n_norms = len(handles)
     projections = rebuild_projection_inputs(model, skip=(SparseReLUMLP, SparseGatedReLUMLP))
     handles += projections
     setattr(model, _NORMS_HOOKED, True)
@@ -249,6 +269,9 @@ def _hook_norms(model: nn.Module, report: CompressReport) -> None:
         delattr(model, _NORMS_HOOKED)
 
     add_undo(model, undo)
-    report.notes.append(f"rebuild_norms: {n_norms} norm(s) mark their outputs; the fused MLPs and "
+    if n_exact:
+        report.notes.append(f"rebuild_norms: {n_exact} transformers RMSNorm(s) swapped for ExactRMSNorm (the same "
+                            "bits; keeps its input and one float32 scale per row, its output rebuilt in one pass)")
+    report.notes.append(f"rebuild_norms: {n_norms} other norm(s) mark their outputs; the fused MLPs and "
                         f"{len(projections) // 2} other projection(s) (nn.Linear / Conv1D) fed one rebuild it in "
                         "backward instead of keeping it")
