@@ -206,3 +206,42 @@ def test_nemotron_h_norms_keep_their_inputs_through_compress_and_gradients_are_i
     norms = sum(is_norm(m) for m in ref.model.layers.modules())
     # every block norm: its float32 copy (4 bytes an element) gives way to its bf16 input, its output is rebuilt
     assert kept["without"] - kept["with"] >= norms * idx.numel() * ref.config.hidden_size * 4
+
+
+def test_mamba_mixers_rebuild_their_in_projection_output_and_gradients_are_identical():
+    from actzip_bench.hybrid_memory import build_hybrid
+
+    from actzip.memory.modules.norm_rebuild import is_mamba_mixer
+
+    torch.manual_seed(0)
+    ref = build_hybrid("nemotron-h-tiny", 32).to(torch.bfloat16)
+    torch_codec = {"kernel": "torch"}
+    model, without = copy.deepcopy(ref), copy.deepcopy(ref)
+    report = compress_(model, SparseMLPConfig(codec_options=torch_codec))
+    compress_(without, SparseMLPConfig(codec_options=torch_codec, rebuild_mamba_projections=False))
+    assert any("rebuild_mamba_projections" in n for n in report.notes)
+    idx = torch.randint(0, ref.config.vocab_size, (2, 32))
+    grads = []
+    for m in (ref, model):
+        m(input_ids=idx, labels=idx).loss.backward()
+        grads.append([p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    kept = {}
+    for name, m in (("with", model), ("without", without)):
+        counter = CacheContext.count_only()
+        with counter:
+            m(input_ids=idx, labels=idx)
+        kept[name] = counter.last
+    mixers = [m for m in ref.modules() if is_mamba_mixer(m)]
+    # what each mixer keeps of its in-projection output (bf16) is rebuilt instead: on the CPU, transformers' PyTorch
+    # path of the mixer keeps views of it, the convolution's input among them (the fused scan keeps it whole)
+    rebuilt = kept["with"].by_rule["rebuilt"].dense_bytes - kept["without"].by_rule["rebuilt"].dense_bytes
+    assert rebuilt >= len(mixers) * idx.numel() * mixers[0].conv_dim * 2
+    assert kept["with"].bytes_after < kept["without"].bytes_after
+
+
+def test_rebuild_mamba_projections_must_be_a_bool():
+    from actzip.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rebuild_mamba_projections"):
+        SparseMLPConfig(rebuild_mamba_projections=1)

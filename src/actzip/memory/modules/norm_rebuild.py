@@ -11,6 +11,10 @@ real where the norm's backward keeps ``x`` itself (``nn.LayerNorm``, ``nn.RMSNor
 only an upcast copy of ``x`` leaves ``x`` alive through the handle, which then costs as much as the copy of
 ``n`` it replaces, plus one norm forward per consumer.
 
+A Mamba mixer's in-projection reads a norm output too, and the fused scan after it saves the projection's whole
+output (the mixer's largest saved tensor): :func:`rebuild_mamba_in_projections` makes that save a handle as well,
+rebuilt by running the in-projection again on the rebuilt norm output (one matmul more per mixer in backward).
+
 A rebuild checks that the norm's input was not modified in place since the forward (an in-place residual
 update, say) and raises :class:`~actzip.errors.ActzipError` rather than rebuild from changed values (the check
 of :func:`~actzip.memory.cache.rebuild.recompute`); ``SparseMLPConfig(rebuild_norms=False)`` suits such a model.
@@ -22,10 +26,12 @@ import functools
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from actzip.memory.cache.rebuild import mark_rebuildable, rebuild_saved, rebuildable, recompute
 
-__all__ = ["is_norm", "is_projection", "mark_norm_outputs", "rebuild_projection_inputs"]
+__all__ = ["is_mamba_mixer", "is_norm", "is_projection", "mark_norm_outputs", "rebuild_mamba_in_projections",
+           "rebuild_projection_inputs"]
 
 _NORM_SUFFIXES = ("RMSNorm", "LayerNorm")  # transformers' norm classes (LlamaRMSNorm, NemotronHRMSNorm, ...)
 
@@ -103,5 +109,43 @@ def rebuild_projection_inputs(model: nn.Module, skip: tuple[type, ...] = ()) -> 
                 block.__exit__(None, None, None)
 
         handles.append(m.register_forward_pre_hook(opened))
+        handles.append(m.register_forward_hook(closed, always_call=True))
+    return handles
+
+
+def is_mamba_mixer(module: nn.Module) -> bool:
+    """A transformers Mamba mixer: an ``in_proj`` ``nn.Linear`` and a ``conv1d`` (NemotronH's, Mamba-2's, ...)."""
+    return (type(module).__module__.startswith("transformers.") and isinstance(getattr(module, "in_proj", None), nn.Linear)
+            and isinstance(getattr(module, "conv1d", None), nn.Module))
+
+
+def _linear_of(make_input, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(make_input(), weight, bias)
+
+
+def rebuild_mamba_in_projections(model: nn.Module) -> list:
+    """Hook every Mamba mixer of ``model`` (see :func:`is_mamba_mixer`) so that, when its in-projection reads a
+    marked norm output, what the mixer saves of the projection's output (the fused scan keeps all of it, the
+    mixer's largest saved tensor) is a rebuild handle: in backward the norm output is rebuilt and the
+    in-projection run again (the same matmul on the same bits: the same output). Returns the hook handles."""
+    handles = []
+    for m in model.modules():
+        if not is_mamba_mixer(m):
+            continue
+        blocks: list = []  # the rebuild block opened after the in-projection, closed with the mixer
+
+        def projected(module, args, output, blocks=blocks) -> None:
+            targets = (rebuildable(args[0]) if torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor)
+                       else [])
+            if targets and isinstance(output, torch.Tensor) and output.requires_grad:
+                block = rebuild_saved([(output, recompute(_linear_of, targets[0][1], module.weight, module.bias))])
+                block.__enter__()
+                blocks.append(block)
+
+        def closed(module, args, output, blocks=blocks) -> None:
+            while blocks:
+                blocks.pop().__exit__(None, None, None)
+
+        handles.append(m.in_proj.register_forward_hook(projected))
         handles.append(m.register_forward_hook(closed, always_call=True))
     return handles

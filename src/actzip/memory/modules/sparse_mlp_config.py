@@ -34,7 +34,11 @@ from actzip.core import registry
 from actzip.errors import ConfigError, NothingToCompressError
 from actzip.kernels import runtime
 from actzip.memory.modules.arena import Arena
-from actzip.memory.modules.norm_rebuild import mark_norm_outputs, rebuild_projection_inputs
+from actzip.memory.modules.norm_rebuild import (
+    mark_norm_outputs,
+    rebuild_mamba_in_projections,
+    rebuild_projection_inputs,
+)
 from actzip.memory.modules.relu_mlp import SparseGatedReLUMLP, SparseReLUMLP
 from actzip.memory.modules.rms_norm import ExactRMSNorm, exact_form, is_hf_rms_norm
 
@@ -72,14 +76,19 @@ class SparseMLPConfig(Config):
     # backward from the norm's input instead of keeping it (exact; one norm forward more per consumer; see
     # actzip.memory.modules.norm_rebuild)
     rebuild_norms: bool = True
+    # with rebuild_norms: a transformers Mamba mixer's in-projection output, which its fused scan keeps whole, is
+    # rebuilt in backward by the same matmul on the rebuilt norm output instead of kept (exact; one in-projection
+    # more per mixer in backward)
+    rebuild_mamba_projections: bool = True
 
     def validate(self) -> None:
         if not isinstance(self.codec_options, dict):
             raise ConfigError(f"SparseMLPConfig.codec_options must be a dict of sparse codec options, got "
                               f"{self.codec_options!r}")
         codec = registry.get("sparse", **self.codec_options)  # unknown options fail here, listing the valid ones
-        if not isinstance(self.rebuild_norms, bool):
-            raise ConfigError(f"SparseMLPConfig.rebuild_norms must be True or False, got {self.rebuild_norms!r}")
+        for name in ("rebuild_norms", "rebuild_mamba_projections"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"SparseMLPConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.trust_structure, bool):
             raise ConfigError(f"SparseMLPConfig.trust_structure must be True or False, got {self.trust_structure!r}")
         if self.arena is None:
@@ -229,7 +238,7 @@ def swap_sparse_mlps(model: nn.Module, config: SparseMLPConfig, filter_fn: Filte
                                 dropout=dropout if isinstance(dropout, nn.Module) else None)
         replace_module(model, fqn, new, report, f"{type(new).__name__}({kind})")
     if config.rebuild_norms and targets:
-        _hook_norms(model, report)
+        _hook_norms(model, report, config.rebuild_mamba_projections)
 
 
 def _swap_exact_norms(model: nn.Module, report: CompressReport) -> int:
@@ -249,7 +258,7 @@ def _swap_exact_norms(model: nn.Module, report: CompressReport) -> int:
     return swapped
 
 
-def _hook_norms(model: nn.Module, report: CompressReport) -> None:
+def _hook_norms(model: nn.Module, report: CompressReport, mamba_projections: bool) -> None:
     """Swap the transformers RMSNorms it can for exact lean ones and mark the other norms' outputs (once per
     model, undone by restore_)."""
     if getattr(model, _NORMS_HOOKED, False):
@@ -260,7 +269,8 @@ def _hook_norms(model: nn.Module, report: CompressReport) -> None:
     if not handles and not n_exact:
         return
     projections = rebuild_projection_inputs(model, skip=(SparseReLUMLP, SparseGatedReLUMLP))
-    handles += projections
+    mixers = rebuild_mamba_in_projections(model) if mamba_projections else []  # after: its block opens last
+    handles += projections + mixers
     setattr(model, _NORMS_HOOKED, True)
 
     def undo() -> None:
@@ -275,3 +285,6 @@ def _hook_norms(model: nn.Module, report: CompressReport) -> None:
     report.notes.append(f"rebuild_norms: {n_norms} other norm(s) mark their outputs; the fused MLPs and "
                         f"{len(projections) // 2} other projection(s) (nn.Linear / Conv1D) fed one rebuild it in "
                         "backward instead of keeping it")
+    if mixers:
+        report.notes.append(f"rebuild_mamba_projections: {len(mixers) // 2} Mamba mixer(s) rebuild their in-projection "
+                            "output in backward (one matmul more each) instead of keeping it")
