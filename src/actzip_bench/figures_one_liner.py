@@ -11,10 +11,15 @@ from actzip_bench.figure_helpers import cite, gpu, load, pct, span
 
 GPT_RUNS = ("results/h200/gpt-compress-lc1024.json", "results/h200/gpt-compress-lc1024-b.json")
 HYBRID_RUNS = ("results/h200/gpt-nemotron-h-1024.json", "results/h200/gpt-nemotron-h-4096.json")
-# the hybrid with mamba_ssm's and causal_conv1d's kernels: today's code, and the same command before the norms'
-# float32 copies gave way to their inputs
-KERNEL_RUN, KERNEL_RUN_BEFORE = ("results/h200/gpt-nemotron-h-kernels.json",
-                                 "results/h200/gpt-nemotron-h-kernels-norms-kept.json")
+# the hybrid with mamba_ssm's and causal_conv1d's kernels: today's code, and the same command on earlier code
+KERNEL_RUN = "results/h200/gpt-nemotron-h-compress.json"
+KERNEL_RUNS_BEFORE = {
+    "results/h200/gpt-nemotron-h-kernels-norms-kept.json": "with the norms keeping float32 copies of their inputs",
+    "results/h200/gpt-nemotron-h-kernels.json": "keeping their bf16 inputs instead, their outputs rebuilt through "
+                                                "transformers' own forward",
+    "results/h200/gpt-nemotron-h-exact-norms.json": "with ExactRMSNorm in their place, the Mamba in-projection "
+                                                    "outputs still kept",
+}
 # recorded before the gradient check ran its reference twice: its "none" row compares the reference with itself
 NO_FLOOR = {"results/h200/gpt-compress-lc1024.json"}
 LABELS = {"fused-arena": "fused arena MLPs only (hand-wired)", "compress": "`compress_(model, SparseMLPConfig())`",
@@ -104,8 +109,8 @@ def _hybrid(root: Path) -> list[str]:
 
 
 def _hybrid_kernels(root: Path) -> list[str]:
-    rec, before = load(root, KERNEL_RUN), load(root, KERNEL_RUN_BEFORE)
-    rows, old = _rows(rec, KERNEL_RUN), _rows(before, KERNEL_RUN_BEFORE)
+    rec = load(root, KERNEL_RUN)
+    rows = _rows(rec, KERNEL_RUN)
     m, c = rec["model"], rec["config"]
     seqs = sorted({q for (_, q) in rows})
     head = " / ".join(map(str, seqs))
@@ -119,16 +124,24 @@ def _hybrid_kernels(root: Path) -> list[str]:
             steps = " / ".join(pct(rows[(s, q)]["time_vs_none"] - 1) for q in seqs)
             out.append(f"| {LABELS[s]} | {peaks} | {steps} |")
     none = {q: rows[("none", q)]["peak_bytes_per_token"] / 1024 for q in seqs}
-    was = " / ".join(pct(old[("compress", q)]["peak_vs_none"] - 1) for q in seqs if ("compress", q) in old)
     kept = {b["strategy"]: b["saved_bytes_per_token"] for b in rec["saved_by_kind"] if b["seq_len"] == seqs[-1]}
-    mamba = kept["none"]["mamba"]
     floors = [rows[("none", q)]["max_grad_abs_diff"] for q in seqs]
     diffs = [r["max_grad_abs_diff"] for (s, _), r in rows.items() if s != "none"]
-    out += ["", f"Plain PyTorch peaks at {span(none.values(), lambda v: f'{v:,.0f}')} KiB a token. The Mamba layers "
-            f"keep {mamba / 1024:,.0f} KiB a token ({mamba / sum(kept['none'].values()):.0%} of what the model "
-            f"keeps), about half of it the fused scan's own saved in-projection output, which no cache rule touches; "
-            f"before the norms kept their bf16 inputs instead of float32 copies, the one line gave {was} "
-            f"{cite(KERNEL_RUN_BEFORE)}. The kernels' backward is not deterministic: plain PyTorch's gradients "
+    earlier = []
+    for rel, what in KERNEL_RUNS_BEFORE.items():
+        old = _rows(load(root, rel), rel)
+        cells = [(old[("compress", q)]["peak_vs_none"] - 1, old[("compress", q)]["time_vs_none"] - 1)
+                 for q in seqs if ("compress", q) in old]
+        earlier.append(f"{what}, {' / '.join(pct(p) for p, _ in cells)} at {' / '.join(pct(t) for _, t in cells)} "
+                       f"{cite(rel)}")
+    out += ["", f"Plain PyTorch peaks at {span(none.values(), lambda v: f'{v:,.0f}')} KiB a token and keeps "
+            f"{kept['none']['mamba'] / 1024:,.0f} KiB a token in the Mamba layers "
+            f"({kept['none']['mamba'] / sum(kept['none'].values()):.0%} of what the model keeps), most of it the "
+            f"fused scan's saved in-projection output; with the one line they keep {kept['compress']['mamba'] / 1024:,.0f} "
+            f"KiB (the in-projection output rebuilt in backward, one matmul per mixer), and the model as a whole "
+            f"{sum(kept['compress'].values()) / 1024:,.0f} KiB against {sum(kept['none'].values()) / 1024:,.0f} "
+            "(the MLPs' sparse payloads in the arena apart). The same command on earlier code: "
+            + "; ".join(earlier) + f". The kernels' backward is not deterministic: plain PyTorch's gradients "
             f"differ between two of its own runs by up to {max(floors):.3g}, the strategies' from plain PyTorch's "
             f"by up to {max(diffs):.3g} (max |Δ|). Source: {cite(KERNEL_RUN)}."]
     return out

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from actzip.errors import ConfigError
-from actzip_bench.figures_one_liner import GPT_RUNS, HYBRID_RUNS, one_liner
+from actzip_bench.figures_one_liner import GPT_RUNS, HYBRID_RUNS, KERNEL_RUN, KERNEL_RUNS_BEFORE, one_liner
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def _tree(tmp_path: Path) -> Path:
 def test_renders_both_models_from_the_files():
     text = one_liner(REPO)
     assert "`compress_(model, SparseMLPConfig())`" in text and "Nemotron-H-style hybrid" in text
-    assert all(f"`{rel}`" in text for rel in (*GPT_RUNS, *HYBRID_RUNS))
+    assert all(f"`{rel}`" in text for rel in (*GPT_RUNS, *HYBRID_RUNS, KERNEL_RUN, *KERNEL_RUNS_BEFORE))
 
 
 def test_a_gradient_change_where_plain_pytorch_repeats_itself_is_refused(tmp_path):
