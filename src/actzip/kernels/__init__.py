@@ -6,7 +6,7 @@
   :mod:`~actzip.kernels.sparse_signpack` (its sign packing), :mod:`~actzip.kernels.sparse_encode` (the one
   encoder the codec and the fused MLPs run), :mod:`~actzip.kernels.sparse_encode_single` (its single-pass
   kernels), :mod:`~actzip.kernels.relu_mlp` (fused MLP backward from
-  a payload), :mod:`~actzip.kernels.quant` and :mod:`~actzip.kernels.fp8` (on the shared tile layout of
+  a payload), :mod:`~actzip.kernels.rms_norm` (the exact RMSNorm's elementwise parts), :mod:`~actzip.kernels.quant` and :mod:`~actzip.kernels.fp8` (on the shared tile layout of
   :mod:`~actzip.kernels.quant_tiles` and the bit helpers of :mod:`~actzip.kernels.quant_bits`), and
   :mod:`~actzip.kernels.sparse_launch` (the sparse kernels' host-side checks). They need Triton: import one only
   when a kernel is needed, because Triton decides at import time whether its kernels are compiled or

@@ -2,6 +2,9 @@
 
 - :mod:`.relu_mlp`: fused ReLU / ReLU² MLPs keeping only the lossless sparse payload of ReLU's output;
   :mod:`.sparse_mlp_config`: :class:`SparseMLPConfig`, which swaps them in (``arena="auto"`` for no host sync);
+- :mod:`.rms_norm`: :class:`ExactRMSNorm`, transformers' RMSNorms with the same bits, keeping only their input and
+  one scale per row (swapped in by :class:`SparseMLPConfig`; :mod:`.norm_rebuild` rebuilds norm outputs and Mamba
+  in-projections for the layers that read them);
 - :mod:`.arena`: the preallocated device buffer those payloads can live in, and :class:`GraphedStep`;
 - :mod:`.fp8_linear`: :class:`Fp8Linear`, float8 matmuls in forward and backward (:class:`Fp8LinearConfig`);
 - :mod:`.sketched_linear`: :class:`SketchedLinear`, a random sketch of the input instead of the input
@@ -13,6 +16,7 @@ from actzip.api import CompressReport, compress_, restore_
 from actzip.memory.modules.arena import Arena, GraphedStep
 from actzip.memory.modules.fp8_linear import Fp8Linear, Fp8LinearConfig
 from actzip.memory.modules.relu_mlp import SparseGatedReLUMLP, SparseReLU, SparseReLUMLP
+from actzip.memory.modules.rms_norm import ExactRMSNorm
 from actzip.memory.modules.sketched_linear import SketchedLinear, SketchedLinearConfig
 from actzip.memory.modules.sparse_mlp_config import SparseMLPConfig, arena_of, mlp_layout
 
@@ -28,6 +32,7 @@ compat.MOVED_MODULES.update({
 __all__ = [
     "Arena",
     "CompressReport",
+    "ExactRMSNorm",
     "Fp8Linear",
     "Fp8LinearConfig",
     "GraphedStep",
