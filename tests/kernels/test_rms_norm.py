@@ -1,4 +1,5 @@
-"""The exact RMSNorm's Triton kernels (:mod:`actzip.kernels.rms_norm`) against their PyTorch references.
+"""The exact RMSNorm's Triton kernels (:mod:`actzip.kernels.rms_norm`) against their PyTorch references
+(:mod:`actzip.kernels.rms_norm_reference`).
 
 On CUDA bit for bit (the kernels round as PyTorch's ops do); under Triton's CPU interpreter, which computes
 in NumPy and rounds to bf16 its own way, results from fp16 inputs bit for bit, from bf16 inputs close (within 2^-5 of each row's largest value).
@@ -11,6 +12,7 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install 'actz
 
 from actzip.errors import ConfigError  # noqa: E402
 from actzip.kernels import rms_norm as K  # noqa: E402
+from actzip.kernels import rms_norm_reference as R  # noqa: E402
 
 from kernel_cases import DEVICES, assert_bit_equal  # noqa: E402
 
@@ -29,7 +31,7 @@ def inputs(n, d, dtype, device, seed):
     gy = torch.randn(n, d, generator=g)
     gp = torch.randn(n, generator=g) * 1e-3
     x, w, gy = (t.to(device=device, dtype=dtype) for t in (x, w, gy))
-    r = torch.rsqrt(K.squares_reference(x).mean(-1) + 1e-6)
+    r = torch.rsqrt(R.squares(x).mean(-1) + 1e-6)
     return x, w, gy, r, gp.to(device)
 
 
@@ -47,12 +49,11 @@ def same(got, want, device, dtype):
 def test_every_kernel_equals_its_reference(device, dtype, form):
     for i, (n, d) in enumerate(SHAPES):
         x, w, gy, r, gp = inputs(n, d, dtype, device, seed=i)
-        assert_bit_equal(K.squares(x), K.squares_reference(x))  # one float32 product: exact everywhere
-        same(K.tail(x, r, w, form), K.tail_reference(x, r[:, None], w, form), device, dtype)
-        for got, want in zip(K.grad_parts(x, r, w, gy, form), K.grad_parts_reference(x, r[:, None], w, gy, form)):
+        assert_bit_equal(K.squares(x), R.squares(x))  # one float32 product: exact everywhere
+        same(K.tail(x, r, w, form), R.tail(x, r, w, form), device, dtype)
+        for got, want in zip(K.grad_parts(x, r, w, gy, form), R.grad_parts(x, r, w, gy, form)):
             same(got, want, device, dtype)
-        same(K.grad_input(x, r, w, gy, gp, form), K.grad_input_reference(x, r[:, None], w, gy, gp[:, None], form),
-             device, dtype)
+        same(K.grad_input(x, r, w, gy, gp, form), R.grad_input(x, r, w, gy, gp, form), device, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

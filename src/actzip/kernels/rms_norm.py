@@ -1,6 +1,6 @@
 """Triton kernels of the exact RMSNorm (:mod:`actzip.memory.modules.rms_norm`): the elementwise parts of
 transformers' RMSNorm forward and of autograd's backward of it, fused, each giving the very bits that PyTorch's
-own sequence of ops gives (its ``*_reference`` beside it).
+own sequence of ops gives (:mod:`actzip.kernels.rms_norm_reference`, beside it, under the same names).
 
 The norm is ``y = tail(x, r, w)`` with ``r = rsqrt(mean(float(x)², -1) + eps)`` per row, in one of two forms
 (:data:`FORMS`): ``w * (float(x) * r).to(dt)`` (Llama's, and Nemotron-H's in older transformers) or
@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from actzip.errors import ConfigError
+from actzip.kernels.rms_norm_reference import FORMS
 from actzip.kernels.runtime import missing_triton
 
 try:  # Triton is optional: the kernels need it, the rest of actzip does not
@@ -38,47 +39,9 @@ try:  # Triton is optional: the kernels need it, the rest of actzip does not
 except ImportError as e:
     raise missing_triton(e) from e
 
-__all__ = ["FORMS", "grad_input", "grad_input_reference", "grad_parts", "grad_parts_reference", "squares",
-           "squares_reference", "tail", "tail_reference"]
+__all__ = ["FORMS", "grad_input", "grad_parts", "squares", "tail"]
 
-FORMS = ("weight_times_cast", "cast_of_weight_times")
 _DTYPES = (torch.bfloat16, torch.float16)
-
-
-# -- PyTorch references: the ops transformers' forward and autograd's backward run, in their order ----------
-
-
-def squares_reference(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.float32).pow(2)
-
-
-def tail_reference(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, form: str) -> torch.Tensor:
-    n = x.to(torch.float32) * r
-    if form == FORMS[0]:
-        return w * n.to(x.dtype)
-    return (w.to(torch.float32) * n).to(x.dtype)
-
-
-def grad_parts_reference(x, r, w, gy, form) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(gy * n, g_n * float(x))``: what autograd's multiplications make before their broadcast sums."""
-    x32 = x.to(torch.float32)
-    n32 = x32 * r
-    if form == FORMS[0]:
-        prod_w = gy * n32.to(x.dtype)
-        g_n = (gy * w).to(torch.float32)
-    else:
-        gy32 = gy.to(torch.float32)
-        prod_w = gy32 * n32
-        g_n = gy32 * w.to(torch.float32)
-    return prod_w, g_n * x32
-
-
-def grad_input_reference(x, r, w, gy, g_p, form) -> torch.Tensor:
-    """The input's gradient: the scale's path ``g_n * r`` plus the squares' path ``g_p * (2 * float(x))``
-    (``g_p``: ``[..., 1]``), summed in float32 and cast back, as autograd accumulates them."""
-    x32 = x.to(torch.float32)
-    g_n = (gy * w).to(torch.float32) if form == FORMS[0] else gy.to(torch.float32) * w.to(torch.float32)
-    return (g_n * r + g_p * (2.0 * x32.pow(1.0))).to(x.dtype)
 
 
 # -- device code ------------------------------------------------------------------------------------------

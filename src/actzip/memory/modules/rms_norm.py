@@ -30,50 +30,22 @@ import torch
 import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
-from actzip.kernels import runtime
+from actzip.kernels import rms_norm_reference, runtime
+from actzip.kernels.rms_norm_reference import FORMS
 from actzip.memory.cache.rebuild import mark_rebuildable, recompute
 
 __all__ = ["ExactRMSNorm", "exact_form", "is_hf_rms_norm"]
 
-_FORMS = ("weight_times_cast", "cast_of_weight_times")  # actzip.kernels.rms_norm.FORMS, without importing Triton
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _kernels(device: torch.device):
-    """The Triton kernel module where it runs on ``device``, else the module of the PyTorch references."""
+    """The Triton kernels where they run on ``device``, else their PyTorch references (the same functions)."""
     if device.type == "cuda" and runtime.unavailable_reason(device) is None:
         from actzip.kernels import rms_norm
 
         return rms_norm
-    return _References
-
-
-class _References:
-    """The PyTorch references, under the kernels' names (importing them needs no Triton)."""
-
-    @staticmethod
-    def squares(x):
-        return x.to(torch.float32).pow(2)
-
-    @staticmethod
-    def tail(x, r, w, form):
-        n = x.to(torch.float32) * r[:, None]
-        return w * n.to(x.dtype) if form == _FORMS[0] else (w.to(torch.float32) * n).to(x.dtype)
-
-    @staticmethod
-    def grad_parts(x, r, w, gy, form):
-        x32 = x.to(torch.float32)
-        n32 = x32 * r[:, None]
-        if form == _FORMS[0]:
-            return gy * n32.to(x.dtype), (gy * w).to(torch.float32) * x32
-        gy32 = gy.to(torch.float32)
-        return gy32 * n32, gy32 * w.to(torch.float32) * x32
-
-    @staticmethod
-    def grad_input(x, r, w, gy, g_p, form):
-        x32 = x.to(torch.float32)
-        g_n = (gy * w).to(torch.float32) if form == _FORMS[0] else gy.to(torch.float32) * w.to(torch.float32)
-        return (g_n * r[:, None] + g_p[:, None] * (2.0 * x32.pow(1.0))).to(x.dtype)
+    return rms_norm_reference
 
 
 def _sum_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -106,14 +78,14 @@ class _ExactRMSNormFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, gy, _):
         x, r, w = ctx.saved_tensors
-        k = _kernels(x.device) if gy.is_contiguous() else _References
+        k = _kernels(x.device) if gy.is_contiguous() else rms_norm_reference
         flat, rows = x.reshape(-1, x.shape[-1]), r.view(-1)
         gy_flat = gy.reshape(flat.shape)
         prod_w, prod_r = k.grad_parts(flat, rows, w, gy_flat, ctx.form)
         grad_w = None
         if ctx.needs_input_grad[1]:
             grad_w = _sum_to(prod_w.view(x.shape), w.shape)
-            if ctx.form == _FORMS[1]:
+            if ctx.form == FORMS[1]:
                 grad_w = grad_w.to(w.dtype)
         del prod_w
         g_r = _sum_to(prod_r.view(x.shape), r.shape)
@@ -145,16 +117,16 @@ def _probe(module: nn.Module) -> str | None:
     x0 = (torch.randn(2, 5, w.numel(), generator=g) * scale).to(device=w.device, dtype=w.dtype)
     w0 = (1 + torch.randn(w.numel(), generator=g) / 4).to(device=w.device, dtype=w.dtype)
     gy = torch.randn(2, 5, w.numel(), generator=g).to(device=w.device, dtype=w.dtype)
-    probe = copy.deepcopy(module)
-    with torch.no_grad():
-        probe.weight.copy_(w0)
     x = x0.clone().requires_grad_()
     try:
+        probe = copy.deepcopy(module)
+        with torch.no_grad():
+            probe.weight.copy_(w0)
         want = probe.forward(x)
         want_grads = torch.autograd.grad(want, (x, probe.weight), gy)
-    except Exception:  # a class whose forward needs more than an input: not one of the forms
+    except Exception:  # a module that cannot be copied, or whose forward needs more than an input: no form
         return None
-    for form in _FORMS:
+    for form in FORMS:
         xx, ww = x0.clone().requires_grad_(), w0.clone().requires_grad_()
         got, _ = _ExactRMSNormFunction.apply(xx, ww, module.variance_epsilon, form)
         grads = torch.autograd.grad(got, (xx, ww), gy)
