@@ -144,3 +144,16 @@ def test_a_cuda_step_through_the_kernels_never_synchronizes_with_the_host():
         model(x).float().square().sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_under_a_lossy_cache_what_it_keeps_is_treated_as_a_norm_s():
+    import actzip
+
+    ref = norm(NemotronHRMSNorm, 256, torch.bfloat16, "cpu")
+    exact = ExactRMSNorm(copy.deepcopy(ref), exact_form(ref))
+    x = torch.randn(4, 32, 256, dtype=torch.bfloat16, requires_grad=True) * 1.0
+    with actzip.cache("2bit", min_bytes=0) as c:
+        exact(x)
+    rules = set(c.last.by_rule)
+    # the 2bit preset stores a norm's tensors in 4 bits to nearest and "other" tensors in 2 bits
+    assert any(r.startswith("norm:") for r in rules) and not any(r.startswith("other:") for r in rules)

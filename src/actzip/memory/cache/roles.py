@@ -45,7 +45,8 @@ Limits:
   every tensor saved inside gets the outer function's role, or ``other`` when that function is not in the
   table.
 - Code that does not go through ``__torch_function__`` is not seen: custom ``torch.autograd.Function``
-  subclasses (they save after their ``forward`` returns, so their tensors get ``other``), C++/TorchScript
+  subclasses (they save after their ``forward`` returns, so their tensors get ``other``, unless their ``apply``
+  runs inside :class:`declared_role`), C++/TorchScript
   modules, and ``torch.compile``'d regions (the compiler chooses what is saved; the cache keeps those saves as
   they are and counts them apart, see :mod:`actzip.memory.cache.compiled`).
 - Cost: while a tracker is active every torch function call, tensor method and attribute access included, goes
@@ -320,6 +321,25 @@ class assumed_role:
 
     def __exit__(self, *exc) -> None:
         _STATE.assumed = self._before
+
+
+class declared_role:
+    """``with declared_role(role):`` a tensor saved inside has ``role``, as if a function of the table with that
+    role had saved it: for custom ``torch.autograd.Function`` subclasses, which the tracker cannot see (their
+    saves would be ``other``). Put it around the function's ``apply``; calls of the table inside still count."""
+
+    __slots__ = ("_frame",)
+
+    def __init__(self, role: str) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+        self._frame = TrackedCall(declared_role, FunctionRole(role, role), (), {})
+
+    def __enter__(self) -> None:
+        _STATE.frames.append(self._frame)
+
+    def __exit__(self, *exc) -> None:
+        _STATE.frames.pop()
 
 
 def role_is_assumed() -> bool:

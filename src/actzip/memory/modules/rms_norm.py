@@ -33,6 +33,7 @@ from torch.autograd.function import once_differentiable
 from actzip.kernels import rms_norm_reference, runtime
 from actzip.kernels.rms_norm_reference import FORMS
 from actzip.memory.cache.rebuild import mark_rebuildable, recompute
+from actzip.memory.cache.roles import NORM, declared_role
 
 __all__ = ["ExactRMSNorm", "exact_form", "is_hf_rms_norm"]
 
@@ -185,7 +186,8 @@ class ExactRMSNorm(nn.Module):
             runtime.record_fallback("ExactRMSNorm", why, instead="running transformers' forward of the norm "
                                     "(which keeps what its ops keep)")
             return self._original_forward(x)
-        y, r = _ExactRMSNormFunction.apply(x, self.weight, self.variance_epsilon, self.form)
+        with declared_role(NORM):  # what it saves is a norm's for the cache's rules, as transformers' ops' would be
+            y, r = _ExactRMSNormFunction.apply(x, self.weight, self.variance_epsilon, self.form)
         if torch.is_grad_enabled() and y.requires_grad:
             mark_rebuildable(y, recompute(_rebuild_output, x, r, self.weight, self.form))
         return y
