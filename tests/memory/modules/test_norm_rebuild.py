@@ -245,3 +245,58 @@ def test_rebuild_mamba_projections_must_be_a_bool():
 
     with pytest.raises(ConfigError, match="rebuild_mamba_projections"):
         SparseMLPConfig(rebuild_mamba_projections=1)
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    return LlamaForCausalLM(cfg).to(torch.bfloat16)
+
+
+def test_norm_rebuild_config_on_a_swiglu_llama_frees_the_norm_outputs_exactly_and_restores():
+    import actzip
+    from actzip.memory.modules import NormRebuildConfig
+    from actzip.memory.modules.rms_norm import ExactRMSNorm
+
+    ref = _tiny_llama()
+    model = copy.deepcopy(ref)
+    with pytest.raises(actzip.errors.NothingToCompressError):  # SwiGLU: no relu MLP to fuse
+        compress_(copy.deepcopy(ref), SparseMLPConfig())
+    report = compress_(model, NormRebuildConfig())
+    n_norms = sum(type(m).__name__ == "LlamaRMSNorm" for m in ref.modules())
+    assert sum(isinstance(m, ExactRMSNorm) for m in model.modules()) == n_norms == 5
+    assert any("projection(s)" in n for n in report.notes)
+    idx = torch.randint(0, 64, (2, 16))
+    grads = []
+    for m in (ref, model):
+        m(input_ids=idx, labels=idx).loss.backward()
+        grads.append([p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    kept = {}
+    for name, m in (("plain", ref), ("rebuilt", model)):
+        with actzip.cache("2bit", min_bytes=0) as c:
+            m(input_ids=idx, labels=idx)
+        kept[name] = c.last
+    # q/k/v and the MLP's gate/up read a norm output: rebuilt (0 bytes) instead of stored in 2 bits, and the norms
+    # keep their bf16 input instead of a float32 copy and the normalized input
+    assert kept["rebuilt"].by_rule["rebuilt"].dense_bytes >= 4 * idx.numel() * 32 * 2
+    assert kept["rebuilt"].bytes_after < kept["plain"].bytes_after
+    assert len(restore_(model)) and not any(isinstance(m, ExactRMSNorm) for m in model.modules())
+
+
+def test_norm_rebuild_config_needs_a_norm_and_hooks_once():
+    from actzip.errors import ConfigError, NothingToCompressError
+    from actzip.memory.modules import NormRebuildConfig
+
+    with pytest.raises(NothingToCompressError, match="no norm"):
+        compress_(nn.Sequential(nn.Linear(4, 4)), NormRebuildConfig())
+    model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8))
+    report = compress_(model, NormRebuildConfig())
+    assert report.swapped == [("0", "output marked, rebuilt in backward by its consumers")]
+    with pytest.raises(NothingToCompressError, match="earlier compress_"):
+        compress_(model, NormRebuildConfig())
+    with pytest.raises(ConfigError, match="rebuild_mamba_projections"):
+        NormRebuildConfig(rebuild_mamba_projections="no")

@@ -3,8 +3,9 @@
 - :mod:`.relu_mlp`: fused ReLU / ReLU² MLPs keeping only the lossless sparse payload of ReLU's output;
   :mod:`.sparse_mlp_config`: :class:`SparseMLPConfig`, which swaps them in (``arena="auto"`` for no host sync);
 - :mod:`.rms_norm`: :class:`ExactRMSNorm`, transformers' RMSNorms with the same bits, keeping only their input and
-  one scale per row (swapped in by :class:`SparseMLPConfig`; :mod:`.norm_rebuild` rebuilds norm outputs and Mamba
-  in-projections for the layers that read them);
+  one scale per row; :mod:`.norm_rebuild` rebuilds norm outputs and Mamba in-projections for the layers that read
+  them; :mod:`.norm_rebuild_config`: :class:`NormRebuildConfig`, which does both on any model (and
+  :class:`SparseMLPConfig` with its MLPs);
 - :mod:`.arena`: the preallocated device buffer those payloads can live in, and :class:`GraphedStep`;
 - :mod:`.fp8_linear`: :class:`Fp8Linear`, float8 matmuls in forward and backward (:class:`Fp8LinearConfig`);
 - :mod:`.sketched_linear`: :class:`SketchedLinear`, a random sketch of the input instead of the input
@@ -15,6 +16,7 @@ from actzip import compat
 from actzip.api import CompressReport, compress_, restore_
 from actzip.memory.modules.arena import Arena, GraphedStep
 from actzip.memory.modules.fp8_linear import Fp8Linear, Fp8LinearConfig
+from actzip.memory.modules.norm_rebuild_config import NormRebuildConfig
 from actzip.memory.modules.relu_mlp import SparseGatedReLUMLP, SparseReLU, SparseReLUMLP
 from actzip.memory.modules.rms_norm import ExactRMSNorm
 from actzip.memory.modules.sketched_linear import SketchedLinear, SketchedLinearConfig
@@ -36,6 +38,7 @@ __all__ = [
     "Fp8Linear",
     "Fp8LinearConfig",
     "GraphedStep",
+    "NormRebuildConfig",
     "SketchedLinear",
     "SketchedLinearConfig",
     "SparseGatedReLUMLP",

@@ -34,20 +34,14 @@ from actzip.core import registry
 from actzip.errors import ConfigError, NothingToCompressError
 from actzip.kernels import runtime
 from actzip.memory.modules.arena import Arena
-from actzip.memory.modules.norm_rebuild import (
-    mark_norm_outputs,
-    rebuild_mamba_in_projections,
-    rebuild_projection_inputs,
-)
+from actzip.memory.modules.norm_rebuild_config import hook_norms
 from actzip.memory.modules.relu_mlp import SparseGatedReLUMLP, SparseReLUMLP
-from actzip.memory.modules.rms_norm import ExactRMSNorm, exact_form, is_hf_rms_norm
 
 __all__ = ["LAYOUT_ATTR", "ACTIVATION_ATTR", "SparseMLPConfig", "arena_of", "arena_refusal", "mlp_layout",
            "swap_sparse_mlps"]
 
 LAYOUT_ATTR = "actzip_mlp_layout"  # what an MLP class declares: (up, act, down) or (gate, up, act, down)
 ACTIVATION_ATTR = "actzip_mlp_activation"  # optional: "relu" or "relu2" when the activation object does not say
-_NORMS_HOOKED = "actzip_norms_marked"  # set on a model whose norms compress_ hooked
 
 # transformers' MLP classes, whose forwards are known to follow their layout (matched by class name only in
 # modules of the transformers package).
@@ -71,10 +65,10 @@ class SparseMLPConfig(Config):
     # kernels run and the codec options allow one, else payloads sized on the host (the report says why);
     # None: each payload sized on the host; an Arena: that one, which the caller resets unless it has auto_reset
     arena: Arena | str | None = "auto"
-    # mark the outputs of the model's norms (nn.LayerNorm, nn.RMSNorm, transformers *RMSNorm/*LayerNorm) so
-    # that the fused MLPs and every nn.Linear / Conv1D fed by one (attention projections, ...) rebuild it in
-    # backward from the norm's input instead of keeping it (exact; one norm forward more per consumer; see
-    # actzip.memory.modules.norm_rebuild)
+    # what NormRebuildConfig does, with the MLPs: the outputs of the model's norms (nn.LayerNorm, nn.RMSNorm,
+    # transformers *RMSNorm/*LayerNorm) rebuilt in backward from the norm's input by the fused MLPs and every
+    # nn.Linear / Conv1D fed one (attention projections, ...) instead of kept, transformers' RMSNorms swapped for
+    # ExactRMSNorm where their form is recognized (exact; see actzip.memory.modules.norm_rebuild_config)
     rebuild_norms: bool = True
     # with rebuild_norms: a transformers Mamba mixer's in-projection output, which its fused scan keeps whole, is
     # rebuilt in backward by the same matmul on the rebuilt norm output instead of kept (exact; one in-projection
@@ -238,53 +232,4 @@ def swap_sparse_mlps(model: nn.Module, config: SparseMLPConfig, filter_fn: Filte
                                 dropout=dropout if isinstance(dropout, nn.Module) else None)
         replace_module(model, fqn, new, report, f"{type(new).__name__}({kind})")
     if config.rebuild_norms and targets:
-        _hook_norms(model, report, config.rebuild_mamba_projections)
-
-
-def _swap_exact_norms(model: nn.Module, report: CompressReport) -> int:
-    """Swap each transformers RMSNorm whose forward :func:`exact_form` recognizes for an :class:`ExactRMSNorm`;
-    the count swapped (the others are left to the norm hooks, and the report says why)."""
-    swapped = 0
-    for fqn, module in list(model.named_modules()):
-        if not is_hf_rms_norm(module):
-            continue
-        form = exact_form(module)
-        if form is None:
-            report.notes.append(f"rebuild_norms: {fqn} ({type(module).__name__}, {module.weight.dtype}) is not one of "
-                                "the RMSNorm forms computed exactly; its output is rebuilt by its own forward")
-            continue
-        replace_module(model, fqn, ExactRMSNorm(module, form), report, f"ExactRMSNorm({form})")
-        swapped += 1
-    return swapped
-
-
-def _hook_norms(model: nn.Module, report: CompressReport, mamba_projections: bool) -> None:
-    """Swap the transformers RMSNorms it can for exact lean ones and mark the other norms' outputs (once per
-    model, undone by restore_)."""
-    if getattr(model, _NORMS_HOOKED, False):
-        return
-    n_exact = _swap_exact_norms(model, report)
-    handles = mark_norm_outputs(model)
-    n_norms = len(handles) // 2
-    if not handles and not n_exact:
-        return
-    projections = rebuild_projection_inputs(model, skip=(SparseReLUMLP, SparseGatedReLUMLP))
-    mixers = rebuild_mamba_in_projections(model) if mamba_projections else []  # after: its block opens last
-    handles += projections + mixers
-    setattr(model, _NORMS_HOOKED, True)
-
-    def undo() -> None:
-        for h in handles:
-            h.remove()
-        delattr(model, _NORMS_HOOKED)
-
-    add_undo(model, undo)
-    if n_exact:
-        report.notes.append(f"rebuild_norms: {n_exact} transformers RMSNorm(s) swapped for ExactRMSNorm (the same "
-                            "bits; keeps its input and one float32 scale per row, its output rebuilt in one pass)")
-    report.notes.append(f"rebuild_norms: {n_norms} other norm(s) mark their outputs; the fused MLPs and "
-                        f"{len(projections) // 2} other projection(s) (nn.Linear / Conv1D) fed one rebuild it in "
-                        "backward instead of keeping it")
-    if mixers:
-        report.notes.append(f"rebuild_mamba_projections: {len(mixers) // 2} Mamba mixer(s) rebuild their in-projection "
-                            "output in backward (one matmul more each) instead of keeping it")
+        hook_norms(model, report, config.rebuild_mamba_projections)
