@@ -182,56 +182,57 @@ def test_a_cast_of_another_tensor_or_a_narrowing_cast_is_not_an_upcast_of_the_in
     assert not is_upcast_of((y.float() + 0), y)  # not a cast at all
 
 
-def test_nemotron_h_norms_keep_their_inputs_through_compress_and_gradients_are_identical():
+def tiny_hybrid():
     from actzip_bench.hybrid_memory import build_hybrid
 
     torch.manual_seed(0)
-    ref = build_hybrid("nemotron-h-tiny", 32).to(torch.bfloat16)
+    return build_hybrid("nemotron-h-tiny", 32).to(torch.bfloat16)
+
+
+def identical_step_gradients(models, idx) -> bool:
+    """Whether one loss.backward() of each transformers causal LM on ``idx`` gives bit-identical parameter
+    gradients."""
+    grads = []
+    for m in models:
+        m(input_ids=idx, labels=idx).loss.backward()
+        grads.append([p.grad for p in m.parameters()])
+    return all(all(torch.equal(a, b) for a, b in zip(grads[0], g)) for g in grads[1:])
+
+
+def kept_account(m, idx):
+    """The cache's count of what a transformers causal LM keeps for backward after one forward on ``idx``."""
+    counter = CacheContext.count_only()
+    with counter:
+        m(input_ids=idx, labels=idx)
+    return counter.last
+
+
+def test_nemotron_h_norms_keep_their_inputs_through_compress_and_gradients_are_identical():
+    ref = tiny_hybrid()
     model, without = copy.deepcopy(ref), copy.deepcopy(ref)
     torch_codec = {"kernel": "torch"}  # bf16 arithmetic is inexact in Triton's CPU interpreter
     compress_(model, SparseMLPConfig(codec_options=torch_codec))
     compress_(without, SparseMLPConfig(codec_options=torch_codec, rebuild_norms=False))
     idx = torch.randint(0, ref.config.vocab_size, (2, 32))
-    grads = []
-    for m in (ref, model):
-        m(input_ids=idx, labels=idx).loss.backward()
-        grads.append([p.grad for p in m.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
-    kept = {}
-    for name, m in (("with", model), ("without", without)):
-        counter = CacheContext.count_only()
-        with counter:
-            m(input_ids=idx, labels=idx)
-        kept[name] = counter.last.bytes_after
+    assert identical_step_gradients((ref, model), idx)
+    kept = {name: kept_account(m, idx).bytes_after for name, m in (("with", model), ("without", without))}
     norms = sum(is_norm(m) for m in ref.model.layers.modules())
     # every block norm: its float32 copy (4 bytes an element) gives way to its bf16 input, its output is rebuilt
     assert kept["without"] - kept["with"] >= norms * idx.numel() * ref.config.hidden_size * 4
 
 
 def test_mamba_mixers_rebuild_their_in_projection_output_and_gradients_are_identical():
-    from actzip_bench.hybrid_memory import build_hybrid
-
     from actzip.memory.modules.norm_rebuild import is_mamba_mixer
 
-    torch.manual_seed(0)
-    ref = build_hybrid("nemotron-h-tiny", 32).to(torch.bfloat16)
+    ref = tiny_hybrid()
     torch_codec = {"kernel": "torch"}
     model, without = copy.deepcopy(ref), copy.deepcopy(ref)
     report = compress_(model, SparseMLPConfig(codec_options=torch_codec))
     compress_(without, SparseMLPConfig(codec_options=torch_codec, rebuild_mamba_projections=False))
     assert any("rebuild_mamba_projections" in n for n in report.notes)
     idx = torch.randint(0, ref.config.vocab_size, (2, 32))
-    grads = []
-    for m in (ref, model):
-        m(input_ids=idx, labels=idx).loss.backward()
-        grads.append([p.grad for p in m.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
-    kept = {}
-    for name, m in (("with", model), ("without", without)):
-        counter = CacheContext.count_only()
-        with counter:
-            m(input_ids=idx, labels=idx)
-        kept[name] = counter.last
+    assert identical_step_gradients((ref, model), idx)
+    kept = {name: kept_account(m, idx) for name, m in (("with", model), ("without", without))}
     mixers = [m for m in ref.modules() if is_mamba_mixer(m)]
     # what each mixer keeps of its in-projection output (bf16) is rebuilt instead: on the CPU, transformers' PyTorch
     # path of the mixer keeps views of it, the convolution's input among them (the fused scan keeps it whole)
@@ -270,11 +271,7 @@ def test_norm_rebuild_config_on_a_swiglu_llama_frees_the_norm_outputs_exactly_an
     assert sum(isinstance(m, ExactRMSNorm) for m in model.modules()) == n_norms == 5
     assert any("projection(s)" in n for n in report.notes)
     idx = torch.randint(0, 64, (2, 16))
-    grads = []
-    for m in (ref, model):
-        m(input_ids=idx, labels=idx).loss.backward()
-        grads.append([p.grad for p in m.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert identical_step_gradients((ref, model), idx)
     kept = {}
     for name, m in (("plain", ref), ("rebuilt", model)):
         with actzip.cache("2bit", min_bytes=0) as c:
@@ -300,3 +297,21 @@ def test_norm_rebuild_config_needs_a_norm_and_hooks_once():
         compress_(model, NormRebuildConfig())
     with pytest.raises(ConfigError, match="rebuild_mamba_projections"):
         NormRebuildConfig(rebuild_mamba_projections="no")
+
+
+def test_compress_swaps_transformers_rms_norms_gradients_stay_identical_and_restore_brings_them_back():
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHRMSNorm
+
+    from actzip.memory.modules.rms_norm import ExactRMSNorm
+
+    ref = tiny_hybrid()
+    model = copy.deepcopy(ref)
+    report = compress_(model, SparseMLPConfig(codec_options={"kernel": "torch"}))
+    n_norms = sum(isinstance(m, NemotronHRMSNorm) for m in ref.modules())
+    assert sum(isinstance(m, ExactRMSNorm) for m in model.modules()) == n_norms > 0
+    assert any("ExactRMSNorm" in note for note in report.notes)
+    idx = torch.randint(0, ref.config.vocab_size, (2, 32))
+    assert identical_step_gradients((ref, model), idx)
+    restore_(model)
+    assert sum(isinstance(m, NemotronHRMSNorm) for m in model.modules()) == n_norms
+    assert not any(isinstance(m, ExactRMSNorm) for m in model.modules())
