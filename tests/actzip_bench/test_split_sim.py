@@ -4,21 +4,35 @@ the ratios toward the useful stream."""
 import pytest
 
 from actzip.errors import ConfigError
-from actzip_bench.split_sim import SplitSimConfig, run_split_sim
+from actzip_bench.split_sim import POLICIES, SplitSimConfig, run_split_sim
 
 
 def test_policies_spend_the_same_budget_and_modalshare_favours_the_sensor():
     cfg = SplitSimConfig(steps=60, refresh=20, seeds=(0,), train=600, test=200)
     rec = run_split_sim(cfg)
     rows = {r["policy"]: r for r in rec["rows"]}
+    assert set(rows) == set(POLICIES)
     for r in rows.values():
         assert r["uplink_features"] == pytest.approx(r["budget_features"], rel=1e-9)
         assert 0.0 <= r["accuracy"] <= 1.0
+        # the random mask sends about the budget's share of the dense bf16 payload, and as much back
+        assert r["uplink_bytes"] == pytest.approx(r["dense_bytes"] / cfg.compression, rel=0.1)
+        assert r["downlink_bytes"] == pytest.approx(r["uplink_bytes"], rel=0.1)
     ms = rows["modalshare"]
     assert len(ms["history"]) == 3 and ms["ratios"][1] > rows["equal"]["ratios"][1]  # the small strong stream
+    assert 0 < ms["scoring_share"] < 1
+    assert rows["equal-payload"]["ratios"][1] > rows["equal"]["ratios"][1]
+
+
+@pytest.mark.parametrize("compressor", ["topk", "dct", "quant"])
+def test_every_compressor_stays_within_the_budget(compressor):
+    cfg = SplitSimConfig(steps=20, refresh=10, seeds=(0,), train=400, test=100, compressor=compressor,
+                         policies=("equal", "modalshare"))
+    for r in run_split_sim(cfg)["rows"]:
+        assert 0 < r["uplink_bytes"] <= r["dense_bytes"] / cfg.compression * 1.001
 
 
 def test_bad_settings_are_refused():
-    for bad in ({"widths": (8, 8)}, {"compression": 0.5}, {"policies": ("equal", "oracle")}):
+    for bad in ({"widths": (8, 8)}, {"compression": 0.5}, {"policies": ("equal", "oracle")}, {"compressor": "zip"}):
         with pytest.raises(ConfigError):
             SplitSimConfig(**bad)

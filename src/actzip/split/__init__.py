@@ -4,9 +4,14 @@
   (:func:`shapley`: exact up to 8 modalities, permutation-sampled beyond, with standard errors).
 - :mod:`actzip.split.allocation`: keep-ratios whose expected payload equals the budget exactly
   (:func:`keep_ratios`, ModalShare's, from the scores; :func:`equal_keep_ratios`, the baseline).
+- :mod:`actzip.split.uplink`: a modality's activations through a compressor at its keep-ratio (random mask,
+  top-k, SL-FAC's ``dct``, uniform ``quant``), the gradient back by the compressor's rule, bytes each way
+  (:func:`send`).
 """
 
 from actzip.split.allocation import KeepRatios, equal_keep_ratios, keep_ratios
 from actzip.split.shapley import EXACT_MAX, ShapleyScores, shapley
+from actzip.split.uplink import COMPRESSORS, Sent, send
 
-__all__ = ["EXACT_MAX", "KeepRatios", "ShapleyScores", "equal_keep_ratios", "keep_ratios", "shapley"]
+__all__ = ["COMPRESSORS", "EXACT_MAX", "KeepRatios", "Sent", "ShapleyScores", "equal_keep_ratios", "keep_ratios",
+           "send", "shapley"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from actzip.errors import ConfigError
 
 # Options given as comma-separated lists on the command line, and the type of their items.
-LIST_OPTIONS = {"strategies": str, "seq_lens": int, "presets": str, "methods": str, "compressors": str,
+LIST_OPTIONS = {"strategies": str, "seq_lens": int, "presets": str, "methods": str, "compressors": str, "policies": str,
                 "bandwidths": float, "stage_lr_scale": float, "tasks": str, "seeds": int}
 
 

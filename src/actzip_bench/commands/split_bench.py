@@ -24,13 +24,14 @@ def _bench_split(args: argparse.Namespace) -> int:
         record = run_split_sim(cfg, progress=lambda done: bar.update(task, advance=1, description=done))
     record["machine"] = machine_record(torch.device("cpu"))
     record["command"] = command_line(args)
-    table = Table(title=f"split learning, {cfg.compression:g}x uplink compression, {len(cfg.seeds)} seeds")
-    for col in ("policy", "mean accuracy", "per seed", "final ratios (seed 0)"):
+    table = Table(title=f"split learning, {cfg.compressor} uplink at {cfg.compression:g}x, {len(cfg.seeds)} seeds")
+    for col in ("policy", "mean accuracy", "per seed", "uplink / dense bf16", "final ratios (seed 0)"):
         table.add_column(col)
     for p in cfg.policies:
         rows = [r for r in record["rows"] if r["policy"] == p]
+        share = sum(r["uplink_bytes"] / r["dense_bytes"] for r in rows) / len(rows)
         table.add_row(p, f"{record['mean_accuracy'][p]:.3f}", " ".join(f"{r['accuracy']:.3f}" for r in rows),
-                      " ".join(f"{v:.2f}" for v in rows[0]["ratios"]))
+                      f"{share:.3f}", " ".join(f"{v:.2f}" for v in rows[0]["ratios"]))
     console.print(table)
     write_json(record, args.json, console)
     return 0
@@ -38,8 +39,10 @@ def _bench_split(args: argparse.Namespace) -> int:
 
 def add_parsers(bench) -> None:
     """Add ``split`` to ``actzip bench``."""
-    sb = bench.add_parser("split", help="split learning: ModalShare's keep-ratios against equal ones at one budget")
-    sb.add_argument("--compression", type=float, help="sum of the modalities' features / expected features sent")
+    sb = bench.add_parser("split", help="split learning: keep-ratio policies at one budget under one compressor")
+    sb.add_argument("--compression", type=float, help="the modalities' dense bf16 payload / the payload sent")
+    sb.add_argument("--compressor", help="random, topk, dct (SL-FAC) or quant (default random)")
+    sb.add_argument("--policies", help="comma-separated (default: equal,equal-payload,gradient-norm,std,modalshare)")
     sb.add_argument("--steps", type=int)
     sb.add_argument("--refresh", type=int, help="steps between ModalShare's score refreshes")
     sb.add_argument("--explore", type=float, help="share of the equal allocation mixed into ModalShare's")

@@ -1,0 +1,66 @@
+"""What a split-learning server receives of a modality under a keep-ratio (actzip.split.uplink): every compressor
+within the budget, the random mask unbiased, gradients back by each compressor's rule."""
+
+import pytest
+import torch
+
+from actzip.errors import ConfigError
+from actzip.split.uplink import COMPRESSORS, send
+
+
+def acts(seed=0, batch=64, width=128):
+    g = torch.Generator().manual_seed(seed)
+    return torch.relu(torch.randn(batch, width, generator=g)).requires_grad_()
+
+
+@pytest.mark.parametrize("method", COMPRESSORS)
+@pytest.mark.parametrize("ratio", [0.5, 0.2, 0.1])
+def test_every_compressor_stays_within_the_budget_and_sends_its_gradient_back(method, ratio):
+    a = acts()
+    dense = a.numel() * 2  # bf16 bytes
+    s = send(a, ratio, method, generator=torch.Generator().manual_seed(1))
+    slack = 1.1 if method == "random" else 1.0  # the random mask's count is random around the budget
+    assert 0 < s.uplink_bytes <= ratio * dense * slack
+    s.view.square().sum().backward()
+    assert a.grad is not None and s.downlink_bytes > 0
+    if method in ("random", "topk"):  # the gradient returns through the kept positions only
+        assert torch.equal(a.grad != 0, s.view.detach() != 0)
+
+
+def test_the_random_mask_is_unbiased():
+    a = acts(width=16)
+    gen = torch.Generator().manual_seed(0)
+    mean = torch.stack([send(a, 0.25, "random", generator=gen).view.detach() for _ in range(4000)]).mean(0)
+    # each element's mean over 4000 draws: a * keep / 0.25 has standard deviation a * sqrt(3), so 6 standard
+    # errors is 6 * sqrt(3 / 4000) * a
+    assert ((mean - a.detach()).abs() <= 6 * (3 / 4000) ** 0.5 * a.detach() + 1e-6).all()
+
+
+def test_topk_keeps_each_sample_s_largest_values_exactly():
+    a = acts(width=64)
+    s = send(a, 0.25, "topk")
+    kept = s.view.detach() != 0
+    k = int(kept[0].sum())
+    assert (kept.sum(1) == k).all() and k > 0
+    assert torch.equal(s.view.detach()[kept], a.detach()[kept])
+    assert torch.equal(a.detach().topk(k, dim=1).values.sort(1).values,
+                       s.view.detach().topk(k, dim=1).values.sort(1).values)
+
+
+def test_nothing_that_fits_leaves_the_modality_out_and_full_ratio_sends_it_whole():
+    a = acts(width=16)
+    for method in ("topk", "quant"):
+        s = send(a, 0.02, method)
+        assert s.uplink_bytes == 0 and not s.view.any()
+    whole = send(a, 1.0, "random")
+    assert whole.view is a and whole.uplink_bytes == a.numel() * 2
+
+
+def test_bad_input_is_refused_by_name():
+    a = acts()
+    with pytest.raises(ConfigError, match="compressor"):
+        send(a, 0.5, "zip")
+    with pytest.raises(ConfigError, match="keep-ratio"):
+        send(a, 1.5, "random")
+    with pytest.raises(ConfigError, match=r"\[batch, width\]"):
+        send(a[0], 0.5, "random")
