@@ -1,10 +1,12 @@
-"""docs/split.md figure of ModalShare's keep-ratios against equal ones (see :mod:`actzip_bench.figures`): one
-``actzip bench split`` record per compression."""
+"""docs/split.md figures (see :mod:`actzip_bench.figures`): ModalShare's keep-ratios against equal ones (one
+``actzip bench split`` record per compression), and the grid of policies and compressors (one record per
+compressor and compression in ``results/cpu/split-grid/``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from actzip.errors import ConfigError
 from actzip_bench.figure_helpers import cite, load
 
 RUNS = ("results/cpu/split-sim-5.json", "results/cpu/split-sim-10.json")
@@ -31,4 +33,76 @@ def modalshare(root: Path) -> str:
     return "\n".join(lines)
 
 
-RENDERERS = {"split-modalshare": modalshare}
+
+GRID = "results/cpu/split-grid"  # one `actzip bench split` record per compressor and compression
+POLICY_LABELS = {"equal": "equal", "equal-payload": "equal payload", "gradient-norm": "gradient norm",
+                 "std": "SplitFC-style std", "modalshare": "ModalShare"}
+
+
+def _grid(root: Path) -> dict[tuple[str, float], dict]:
+    recs = {}
+    for path in sorted((root / GRID).glob("*.json")):
+        rec = load(root, f"{GRID}/{path.name}")
+        recs[(rec["config"]["compressor"], rec["config"]["compression"])] = rec
+    if not recs:
+        raise ConfigError(f"figure: no records in {GRID}")
+    return recs
+
+
+def _acc(rec: dict, policy: str) -> str:
+    accs = [r["accuracy"] for r in rec["rows"] if r["policy"] == policy]
+    return f"{sum(accs) / len(accs):.1%} ({min(accs):.1%}–{max(accs):.1%})"
+
+
+def policy_grid(root: Path) -> str:
+    """Every policy's accuracy under the three compressors of the policy comparison, at each compression."""
+    recs = _grid(root)
+    policies = [p for p in POLICY_LABELS if all(p in r["mean_accuracy"] for (c, _), r in recs.items() if c != "quant")]
+    lines = ["| compressor | compression | " + " | ".join(POLICY_LABELS[p] for p in policies)
+             + " | ModalShare − equal | ModalShare − best other |", "|---|---:|" + "---:|" * (len(policies) + 2)]
+    gains, margins, shares = [], [], []
+    for (comp, x), rec in sorted(recs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        if comp == "quant":
+            continue
+        m = rec["mean_accuracy"]
+        best_other = max(m[p] for p in policies if p not in ("modalshare",))
+        gains.append(m["modalshare"] - m["equal"])
+        margins.append(m["modalshare"] - best_other)
+        shares += [r["scoring_share"] for r in rec["rows"] if r["policy"] == "modalshare"]
+        lines.append(f"| {comp} | {x:g}x | " + " | ".join(_acc(rec, p) for p in policies)
+                     + f" | {(m['modalshare'] - m['equal']) * 100:+.1f} | {(m['modalshare'] - best_other) * 100:+.1f} |")
+    c = next(iter(recs.values()))["config"]
+    lines += ["", f"Test accuracy, mean of {len(c['seeds'])} seeds (lowest–highest), {c['steps']} steps, client widths "
+              f"{', '.join(map(str, c['widths']))} features (image, sensor, distractor), every policy refreshed every "
+              f"{c['refresh']} steps with {c['explore']:g} of the equal allocation mixed in, each spending "
+              f"1 / compression of the dense bf16 payload. ModalShare against equal keep-ratios: "
+              f"{min(gains) * 100:+.1f} to {max(gains) * 100:+.1f} points; against the best other policy: "
+              f"{min(margins) * 100:+.1f} to {max(margins) * 100:+.1f} points. Its Shapley scoring took "
+              f"{min(shares):.1%} to {max(shares):.1%} of the server's compute ({GRID}/)."]
+    return "\n".join(lines)
+
+
+def codec_grid(root: Path) -> str:
+    """The compressors against each other at equal keep-ratios and equal bytes."""
+    recs = _grid(root)
+    comps = [c for c in ("random", "topk", "dct", "quant") if any(k[0] == c for k in recs)]
+    xs = sorted({x for _, x in recs})
+    lines = ["| compression | " + " | ".join(comps) + " |", "|---:|" + "---:|" * len(comps)]
+    for x in xs:
+        cells = []
+        for comp in comps:
+            rec = recs.get((comp, x))
+            if rec is None:
+                cells.append("—")
+                continue
+            rows = [r for r in rec["rows"] if r["policy"] == "equal"]
+            sent = sum(r["uplink_bytes"] / r["dense_bytes"] for r in rows) / len(rows)
+            cells.append(f"{_acc(rec, 'equal')}, {sent:.3f} sent")
+        lines.append(f"| {x:g}x | " + " | ".join(cells) + " |")
+    lines += ["", "Equal keep-ratios; test accuracy, mean of the seeds (lowest–highest), and the uplink bytes sent as "
+              "a share of the dense bf16 payload (the payloads' own bytes; a compressor that cannot fit a "
+              f"modality's share sends nothing of it) ({GRID}/)."]
+    return "\n".join(lines)
+
+
+RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "split-codecs": codec_grid}

@@ -77,9 +77,9 @@ class _Split(nn.Module):
         self.client = nn.ModuleList(nn.Linear(d, w) for d, w in zip(dims, widths))
         self.server = nn.Sequential(nn.Linear(sum(widths), 128), nn.ReLU(), nn.Linear(128, classes))
 
-    def send(self, xs, ratios, compressor, gen, seed):
-        return [send(F.relu(enc(x)), r, compressor, generator=gen, seed=seed)
-                for enc, x, r in zip(self.client, xs, ratios)]
+    def send(self, xs, ratios, compressor, seed):
+        return [send(F.relu(enc(x)), r, compressor, seed=seed * len(xs) + i)
+                for i, (enc, x, r) in enumerate(zip(self.client, xs, ratios))]
 
     def serve(self, acts, present=None):
         if present is not None:
@@ -114,7 +114,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, data) -> dict:
     history, up, down, server_s, scoring_s = [], 0.0, 0.0, 0.0, 0.0
     for step in range(cfg.steps):
         idx = torch.randint(0, cfg.train, (cfg.batch,), generator=gen)
-        sent = model.send([x[idx] for x in xs], ratios, cfg.compressor, gen, seed * 100_003 + step)
+        sent = model.send([x[idx] for x in xs], ratios, cfg.compressor, (seed * 100_003 + step) * 7919)
         t0 = time.perf_counter()
         loss = F.cross_entropy(model.serve([s.view for s in sent]), y[idx])
         opt.zero_grad()
@@ -132,7 +132,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, data) -> dict:
             history.append({"step": step + 1, "scores": scores, "ratios": ratios})
     with torch.no_grad():
         test = torch.arange(cfg.train, cfg.train + cfg.test)
-        views = [s.view for s in model.send([x[test] for x in xs], ratios, cfg.compressor, gen, seed)]
+        views = [s.view for s in model.send([x[test] for x in xs], ratios, cfg.compressor, seed * 7919 + 7917)]
         acc = float((model.serve(views).argmax(1) == y[test]).float().mean())
     dense = cfg.batch * sum(cfg.widths) * 2  # bf16 bytes a step
     return {"policy": policy, "seed": seed, "accuracy": acc, "ratios": ratios,

@@ -18,7 +18,7 @@ def acts(seed=0, batch=64, width=128):
 def test_every_compressor_stays_within_the_budget_and_sends_its_gradient_back(method, ratio):
     a = acts()
     dense = a.numel() * 2  # bf16 bytes
-    s = send(a, ratio, method, generator=torch.Generator().manual_seed(1))
+    s = send(a, ratio, method, seed=1)
     slack = 1.1 if method == "random" else 1.0  # the random mask's count is random around the budget
     assert 0 < s.uplink_bytes <= ratio * dense * slack
     s.view.square().sum().backward()
@@ -29,11 +29,11 @@ def test_every_compressor_stays_within_the_budget_and_sends_its_gradient_back(me
 
 def test_the_random_mask_is_unbiased():
     a = acts(width=16)
-    gen = torch.Generator().manual_seed(0)
-    mean = torch.stack([send(a, 0.25, "random", generator=gen).view.detach() for _ in range(4000)]).mean(0)
-    # each element's mean over 4000 draws: a * keep / 0.25 has standard deviation a * sqrt(3), so 6 standard
-    # errors is 6 * sqrt(3 / 4000) * a
-    assert ((mean - a.detach()).abs() <= 6 * (3 / 4000) ** 0.5 * a.detach() + 1e-6).all()
+    mean = torch.stack([send(a, 0.25, "random", seed=i).view.detach() for i in range(4000)]).mean(0)
+    want = a.detach().bfloat16().float()  # the values travel in bf16
+    # each element's mean over 4000 draws: v * keep / 0.25 has standard deviation v * sqrt(3), so 6 standard
+    # errors is 6 * sqrt(3 / 4000) * v
+    assert ((mean - want).abs() <= 6 * (3 / 4000) ** 0.5 * want + 1e-6).all()
 
 
 def test_topk_keeps_each_sample_s_largest_values_exactly():
@@ -42,9 +42,9 @@ def test_topk_keeps_each_sample_s_largest_values_exactly():
     kept = s.view.detach() != 0
     k = int(kept[0].sum())
     assert (kept.sum(1) == k).all() and k > 0
-    assert torch.equal(s.view.detach()[kept], a.detach()[kept])
-    assert torch.equal(a.detach().topk(k, dim=1).values.sort(1).values,
-                       s.view.detach().topk(k, dim=1).values.sort(1).values)
+    assert torch.equal(s.view.detach()[kept], a.detach().bfloat16().float()[kept])  # exact, in bf16
+    top = torch.zeros_like(kept).scatter_(1, a.detach().topk(k, dim=1).indices, True)
+    assert torch.equal(kept, top)
 
 
 def test_nothing_that_fits_leaves_the_modality_out_and_full_ratio_sends_it_whole():
@@ -53,7 +53,7 @@ def test_nothing_that_fits_leaves_the_modality_out_and_full_ratio_sends_it_whole
         s = send(a, 0.02, method)
         assert s.uplink_bytes == 0 and not s.view.any()
     whole = send(a, 1.0, "random")
-    assert whole.view is a and whole.uplink_bytes == a.numel() * 2
+    assert torch.equal(whole.view, a.detach().bfloat16().float()) and whole.uplink_bytes == a.numel() * 2
 
 
 def test_bad_input_is_refused_by_name():

@@ -1,39 +1,42 @@
-"""What a split-learning server receives of one modality's activations under a keep-ratio, and what its gradient
-costs on the way back.
+"""What a split-learning client sends of one modality's activations under a keep-ratio, what the server makes of
+it, and the gradient's way back.
 
 A keep-ratio ``r`` is a share of the modality's dense payload (``width`` values a sample at ``value_bits``
 each, bf16's 16 by default): ``r * width * value_bits`` bits a sample, whatever the compressor. Each compressor
 spends them its own way (:data:`COMPRESSORS`):
 
 - ``random``: each value kept with probability ``r`` and rescaled by ``1 / r`` (unbiased); the positions come from
-  a seed both ends share, so only values travel. The gradient returns through the same positions (and scale).
-- ``topk``: the ``k`` largest magnitudes of each sample, exact, with their positions (as a bitmask or as indices,
-  whichever is smaller): ``k`` is what fits in the bits. The gradient returns through the same positions.
+  a seed both ends know, so only the values travel (bf16). The gradient returns through the same positions.
+- ``topk``: the ``k`` largest magnitudes of each sample, exact (bf16), with their indices: ``k`` is what fits.
+  The gradient returns at the same positions, values only (the client knows its indices).
 - ``dct``: SL-FAC, the :mod:`actzip.codecs.dct` codec along the features at the largest average bits a value
-  (from :data:`DCT_BITS`) whose payload, its band and group parameters included, fits; the gradient goes back
+  (from :data:`DCT_BITS`) whose payload, band and group parameters included, fits; the gradient goes back
   through the same codec at the same bits (both directions, as SL-FAC);
 - ``quant``: uniform min-max quantization (:mod:`actzip.codecs.quant`, one group a sample) at the largest of 1,
   2, 4, 8 bits whose payload fits, the gradient likewise: the baseline SL-FAC is measured against.
 
-A codec's payload size depends on the data (the dct codec drops bands by energy), so the bits that fit are looked
-for from the last ones that fitted at that ratio and shape, down, at each call.
+A ratio too small for anything of a modality to fit leaves it out: nothing is sent and the server sees zeros.
 
-:func:`send` returns the server's view as a tensor that autograd links to the client's activation (the
-downlink rule of the compressor above) and the bytes each way. Bytes are those of the payloads the codecs make
-(``Payload.nbytes``) or, for the masks, of the values and positions a wire would carry.
+Four steps, each a function, make the wire form (:class:`~actzip.split.runtime` sends their items through the
+wire transport): :func:`pack` (client: items to send, and what it keeps to read the gradient), :func:`unpack`
+(server: the dense view), :func:`pack_grad` (server: the gradient's items), :func:`unpack_grad` (client: the
+gradient of its activations). :func:`send` chains them in one process for a simulation, with autograd carrying
+the gradient. Bytes are the items' own (tensor bytes, ``Payload.nbytes``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from actzip import codecs
+from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 
-__all__ = ["COMPRESSORS", "DCT_BITS", "Sent", "send"]
+__all__ = ["COMPRESSORS", "DCT_BITS", "Link", "Packed", "Sent", "item_bytes", "pack", "pack_grad", "send",
+           "unpack", "unpack_grad"]
 
 COMPRESSORS = ("random", "topk", "dct", "quant")
 DCT_BITS = (8.0, 6.0, 4.0, 3.0, 2.0, 1.5, 1.0, 0.75, 0.5, 0.375, 0.25, 0.125)  # tried from the top down
@@ -41,86 +44,47 @@ _QUANT_BITS = (8, 4, 2, 1)
 _FITTED: dict[tuple, int] = {}  # (method, ratio, shape, value bits) -> index of the bits that last fitted
 
 
+@dataclass(frozen=True)
+class Link:
+    """How one modality travels one step; both ends build the same one."""
+
+    method: str  # one of COMPRESSORS
+    ratio: float  # share of the dense payload
+    seed: int = 0  # the random mask's positions and the codecs' rounding, this step
+    value_bits: int = 16  # bits of a dense value (the budget's unit)
+
+    def __post_init__(self) -> None:
+        if self.method not in COMPRESSORS:
+            raise ConfigError(f"split uplink: compressor must be one of {COMPRESSORS}, got {self.method!r}")
+        if not (0 <= self.ratio <= 1) or not math.isfinite(self.ratio):
+            raise ConfigError(f"split uplink: keep-ratio must be in [0, 1], got {self.ratio}")
+
+
 @dataclass
-class Sent:
-    """The server's view of one modality's activations, and the bytes that crossed the link each way."""
+class Packed:
+    """The client's side of one step: the items sent, and what it keeps to read the gradient."""
 
-    view: torch.Tensor | None = None  # [batch, width]: what the server computes on; backward reaches the client
-    uplink_bytes: float = 0.0
-    downlink_bytes: float = 0.0  # the gradient's way back (for the codecs, known once backward has run)
-
-
-def _check(a: torch.Tensor, ratio: float, method: str) -> None:
-    if method not in COMPRESSORS:
-        raise ConfigError(f"split uplink: compressor must be one of {COMPRESSORS}, got {method!r}")
-    if a.dim() != 2:
-        raise ConfigError(f"split uplink: activations must be [batch, width], got shape {tuple(a.shape)}")
-    if not 0 <= ratio <= 1 or not math.isfinite(ratio):
-        raise ConfigError(f"split uplink: keep-ratio must be in [0, 1], got {ratio}")
+    items: dict = field(default_factory=dict)  # name -> tensor or Payload; empty: the modality is left out
+    keep: object = None  # the random mask, the top-k indices or the codec
 
 
-class _Masked(torch.autograd.Function):
-    """``a * scale`` where kept, 0 elsewhere; the gradient through the same positions and scale."""
-
-    @staticmethod
-    def forward(ctx, a, keep, scale):
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return torch.where(keep, a * scale, torch.zeros_like(a))
-
-    @staticmethod
-    def backward(ctx, g):
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, g * ctx.scale, torch.zeros_like(g)), None, None
+def item_bytes(items: dict) -> int:
+    """Bytes of a message's items (tensors' and payloads' own)."""
+    return sum(v.nbytes if isinstance(v, Payload) else v.numel() * v.element_size() for v in items.values())
 
 
-class _Coded(torch.autograd.Function):
-    """The decoded payload of ``a``; the gradient coded by the same codec on its way back (its bytes added to
-    ``sent.downlink_bytes``)."""
-
-    @staticmethod
-    def forward(ctx, a, decoded, codec, sent):
-        ctx.codec, ctx.sent = codec, sent
-        return decoded
-
-    @staticmethod
-    def backward(ctx, g):
-        p = ctx.codec.encode(g.contiguous(), name="downlink gradient")
-        ctx.sent.downlink_bytes += p.nbytes
-        return ctx.codec.decode(p), None, None, None
+def _mask(shape, ratio: float, seed: int, device) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.rand(shape, generator=g) < ratio).to(device)
 
 
-def _position_bits(width: int, k: int) -> int:
-    """Bits of ``k`` positions among ``width``: a bitmask or ``k`` indices, the smaller."""
-    return min(width, k * max(1, math.ceil(math.log2(width))))
+def _index_dtype(width: int) -> torch.dtype:
+    return torch.uint8 if width <= 256 else torch.int16 if width <= 32768 else torch.int32
 
 
-def send(a: torch.Tensor, ratio: float, method: str, *, generator: torch.Generator | None = None,
-         value_bits: int = 16, seed: int = 0) -> Sent:
-    """Compress ``a`` (``[batch, width]``, one modality's activations) to ``ratio`` of its dense payload with
-    ``method``; see the module docstring. ``generator``: the random mask's positions; ``seed``: the codecs'
-    stochastic rounding. A ratio too small for the compressor to send anything leaves the modality out (zeros)."""
-    _check(a, ratio, method)
-    batch, width = a.shape
-    budget_bits = ratio * width * value_bits  # a sample
-    dense = batch * width * value_bits / 8
-    if ratio == 0 or (method == "topk" and budget_bits < value_bits + _position_bits(width, 1)):
-        return Sent(torch.zeros_like(a))
-    if ratio == 1 and method in ("random", "topk"):
-        return Sent(a, dense, dense)
-    if method == "random":
-        keep = torch.rand(a.shape, generator=generator, device=a.device) < ratio
-        values = float(keep.sum()) * value_bits / 8  # the positions come from the shared seed
-        return Sent(_Masked.apply(a, keep, 1 / ratio), values, values)
-    if method == "topk":
-        k = min(width, int(budget_bits // value_bits))
-        while k > 1 and k * value_bits + _position_bits(width, k) > budget_bits:
-            k -= 1
-        idx = a.detach().abs().topk(k, dim=1).indices
-        keep = torch.zeros_like(a, dtype=torch.bool).scatter_(1, idx, True)
-        up = batch * (k * value_bits + _position_bits(width, k)) / 8
-        return Sent(_Masked.apply(a, keep, 1.0), up, batch * k * value_bits / 8)  # the client knows its positions
-    return _coded(a, ratio, method, budget_bits * batch / 8, value_bits, seed)
+def _topk_k(width: int, link: Link) -> int:
+    per = link.value_bits // 8 + torch.empty(0, dtype=_index_dtype(width)).element_size()
+    return min(width, int(link.ratio * width * link.value_bits / 8 // per))
 
 
 def _codec(method: str, bits: float, width: int, seed: int):
@@ -129,17 +93,117 @@ def _codec(method: str, bits: float, width: int, seed: int):
     return codecs.get("quant", bits=int(bits), group_size=-(-width // 8) * 8, seed=seed)
 
 
-def _coded(a: torch.Tensor, ratio: float, method: str, budget: float, value_bits: int, seed: int) -> Sent:
-    """``a`` through the dct or quant codec at the largest bits whose payload fits ``budget`` bytes."""
-    grid = DCT_BITS if method == "dct" else _QUANT_BITS
-    key = (method, ratio, tuple(a.shape), value_bits)
-    top = [i for i, b in enumerate(grid) if b <= ratio * value_bits]
-    for i in range(max(_FITTED.get(key, top[0] if top else len(grid)), top[0] if top else len(grid)), len(grid)):
-        codec = _codec(method, grid[i], a.shape[1], seed)
-        payload = codec.encode(a.detach().contiguous(), name="uplink activations")
-        if payload.nbytes <= budget:
+def pack(a: torch.Tensor, link: Link) -> Packed:
+    """The items the client sends of ``a`` (``[batch, width]``, detached is fine) under ``link``."""
+    if a.dim() != 2:
+        raise ConfigError(f"split uplink: activations must be [batch, width], got shape {tuple(a.shape)}")
+    batch, width = a.shape
+    wire = torch.bfloat16 if link.value_bits == 16 else a.dtype
+    a = a.detach()
+    if link.ratio == 0:
+        return Packed()
+    if link.method == "random":
+        keep = _mask(a.shape, link.ratio, link.seed, a.device) if link.ratio < 1 else None
+        values = a[keep] if keep is not None else a.reshape(-1)
+        return Packed({"values": values.to(wire)}, keep)
+    if link.method == "topk":
+        k = _topk_k(width, link)
+        if k == 0:
+            return Packed()
+        idx = a.abs().topk(k, dim=1).indices
+        return Packed({"values": a.gather(1, idx).to(wire), "index": idx.to(_index_dtype(width))}, idx)
+    budget = link.ratio * a.numel() * link.value_bits / 8
+    grid = DCT_BITS if link.method == "dct" else _QUANT_BITS
+    key = (link.method, link.ratio, tuple(a.shape), link.value_bits)
+    top = next((i for i, b in enumerate(grid) if b <= link.ratio * link.value_bits), len(grid))
+    for i in range(max(_FITTED.get(key, top), top), len(grid)):
+        codec = _codec(link.method, grid[i], width, link.seed)
+        payload = codec.encode(a.contiguous(), name="uplink activations")
+        if payload.nbytes + 1 <= budget:  # and one byte: which bits of the grid
             _FITTED[key] = i
-            sent = Sent(uplink_bytes=float(payload.nbytes))
-            sent.view = _Coded.apply(a, codec.decode(payload), codec, sent)
-            return sent
-    return Sent(torch.zeros_like(a))  # not even the fewest bits fit: the modality is absent
+            return Packed({"payload": payload, "bits": torch.tensor([i], dtype=torch.uint8)}, codec)
+    return Packed()
+
+
+def unpack(items: dict, link: Link, shape: tuple[int, int], dtype: torch.dtype, device) -> tuple[torch.Tensor, object]:
+    """The server's dense view of what :func:`pack` sent (zeros for a modality left out), and what it keeps to
+    send the gradient back."""
+    batch, width = shape
+    if not items:
+        return torch.zeros(shape, dtype=dtype, device=device), None
+    if link.method == "random":
+        values = items["values"].to(device=device, dtype=dtype)
+        if link.ratio == 1:
+            return values.reshape(shape), None
+        keep = _mask(shape, link.ratio, link.seed, device)
+        return torch.zeros(shape, dtype=dtype, device=device).masked_scatter(keep, values / link.ratio), keep
+    if link.method == "topk":
+        idx = items["index"].to(device=device, dtype=torch.int64)
+        view = torch.zeros(shape, dtype=dtype, device=device)
+        return view.scatter(1, idx, items["values"].to(device=device, dtype=dtype)), idx
+    grid = DCT_BITS if link.method == "dct" else _QUANT_BITS
+    codec = _codec(link.method, grid[int(items["bits"][0])], width, link.seed)
+    return codec.decode(items["payload"]).to(device=device, dtype=dtype), codec
+
+
+def pack_grad(g: torch.Tensor, link: Link, kept) -> dict:
+    """The items the server sends back of the gradient ``g`` on its view (``kept``: what :func:`unpack` gave)."""
+    wire = torch.bfloat16 if link.value_bits == 16 else g.dtype
+    if link.ratio == 0 or (kept is None and link.method != "random"):
+        return {}
+    if link.method == "random":
+        values = g.reshape(-1) if kept is None else g[kept] / link.ratio
+        return {"values": values.to(wire)}
+    if link.method == "topk":
+        return {"values": g.gather(1, kept).to(wire)}
+    return {"payload": kept.encode(g.contiguous(), name="downlink gradient")}
+
+
+def unpack_grad(items: dict, link: Link, packed: Packed, shape, dtype, device) -> torch.Tensor | None:
+    """The gradient of the client's activations from the server's items (None for a modality left out)."""
+    if not items:
+        return None
+    if link.method == "random":
+        values = items["values"].to(device=device, dtype=dtype)
+        if packed.keep is None:
+            return values.reshape(shape)
+        return torch.zeros(shape, dtype=dtype, device=device).masked_scatter(packed.keep, values)
+    if link.method == "topk":
+        return torch.zeros(shape, dtype=dtype, device=device).scatter(1, packed.keep, items["values"].to(dtype))
+    return packed.keep.decode(items["payload"]).to(device=device, dtype=dtype)
+
+
+@dataclass
+class Sent:
+    """One modality through :func:`send`: the server's view, and the bytes that crossed the link each way."""
+
+    view: torch.Tensor | None = None  # [batch, width]: what the server computes on; backward reaches the client
+    uplink_bytes: float = 0.0
+    downlink_bytes: float = 0.0  # the gradient's way back, once backward has run
+
+
+class _Link(torch.autograd.Function):
+    """The server's view of ``a``; the gradient back through :func:`pack_grad` and :func:`unpack_grad`."""
+
+    @staticmethod
+    def forward(ctx, a, view, link, packed, kept, sent):
+        ctx.link, ctx.packed, ctx.kept, ctx.sent, ctx.meta = link, packed, kept, sent, (a.shape, a.dtype, a.device)
+        return view
+
+    @staticmethod
+    def backward(ctx, g):
+        items = pack_grad(g, ctx.link, ctx.kept)
+        ctx.sent.downlink_bytes += item_bytes(items)
+        grad = unpack_grad(items, ctx.link, ctx.packed, *ctx.meta)
+        return (torch.zeros_like(g) if grad is None else grad), None, None, None, None, None
+
+
+def send(a: torch.Tensor, ratio: float, method: str, *, seed: int = 0, value_bits: int = 16) -> Sent:
+    """``a`` (``[batch, width]``) through :func:`pack` and :func:`unpack` in one process: the server's view, which
+    autograd links back to ``a`` by the compressor's downlink rule, and the bytes each way."""
+    link = Link(method, ratio, seed, value_bits)
+    packed = pack(a, link)
+    view, kept = unpack(packed.items, link, tuple(a.shape), a.dtype, a.device)
+    sent = Sent(uplink_bytes=float(item_bytes(packed.items)))
+    sent.view = _Link.apply(a, view, link, packed, kept, sent) if packed.items else view
+    return sent

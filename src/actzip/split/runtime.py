@@ -1,0 +1,234 @@
+"""Split learning over actzip's wire transport: clients hold the first layers (one encoder per modality), a server
+holds the rest; activations go up and gradients come down compressed, every byte metered.
+
+Each client step (:class:`SplitClient`) encodes its modalities, packs each at its keep-ratio through the
+compressor of :class:`SplitConfig` (:mod:`actzip.split.uplink`), and sends them with the labels on the ``fwd``
+channel; the server (:class:`SplitServer`) unpacks them into dense views, runs its model and loss, updates
+itself, and sends each modality's gradient back on ``bwd`` with the keep-ratios the client is to use next
+(ModalShare's, from Shapley scores of the batch it has just received, every ``refresh`` steps; or the equal
+ones). Both ends derive every step's mask and rounding seeds from the config, the client's rank and the step,
+so only values, indices and payloads travel. The server serves its clients in turn (sequential split learning);
+:func:`fed_average` averages the clients' encoders (SplitFed), in one process or over a process group.
+
+The transport is :class:`~actzip.wire.transport.Transport`: on a :class:`~actzip.wire.backends.DistBackend`
+under torchrun (gloo or NCCL), or on a :class:`~actzip.wire.backends.LoopbackBackend` with every party in one
+process (:meth:`SplitClient.forward`, :meth:`SplitServer.serve` and :meth:`SplitClient.backward` in that order).
+Both ends exchange the config first: a client built with other settings than its server is an error on both
+(:class:`~actzip.errors.WireConfigMismatchError`), a silent peer a :class:`~actzip.errors.WireTimeoutError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from actzip.errors import ConfigError
+from actzip.split.allocation import equal_keep_ratios, keep_ratios
+from actzip.split.shapley import shapley
+from actzip.split.uplink import COMPRESSORS, Link, pack, pack_grad, unpack, unpack_grad
+
+__all__ = ["SPLIT_POLICIES", "SplitClient", "SplitConfig", "SplitServer", "fed_average"]
+
+SPLIT_POLICIES = ("equal", "modalshare")
+
+
+@dataclass
+class SplitConfig:
+    """What both ends of a split-learning link agree on."""
+
+    sizes: tuple[int, ...]  # features the client sends per modality
+    compressor: str = "random"  # one of actzip.split.uplink.COMPRESSORS
+    compression: float = 1.0  # the modalities' dense payload / the payload sent (1: dense)
+    policy: str = "equal"  # keep-ratios: "equal", or "modalshare" (the server's Shapley scores)
+    refresh: int = 50  # steps between ModalShare's refreshes
+    explore: float = 0.1  # share of the equal allocation mixed into ModalShare's
+    value_bits: int = 16  # bits of a dense value (bf16): the budget's unit and the wire's dtype
+    seed: int = 0  # the masks' and codecs' seeds derive from it
+
+    def __post_init__(self) -> None:
+        self.sizes = tuple(int(s) for s in self.sizes)
+        if not self.sizes or any(s < 1 for s in self.sizes):
+            raise ConfigError(f"SplitConfig.sizes must be positive feature counts, one per modality, got {self.sizes}")
+        if self.compressor not in COMPRESSORS:
+            raise ConfigError(f"SplitConfig.compressor must be one of {COMPRESSORS}, got {self.compressor!r}")
+        if self.policy not in SPLIT_POLICIES:
+            raise ConfigError(f"SplitConfig.policy must be one of {SPLIT_POLICIES}, got {self.policy!r}")
+        if not self.compression >= 1:
+            raise ConfigError(f"SplitConfig.compression must be >= 1, got {self.compression}")
+        if self.refresh < 1 or not 0 <= self.explore <= 1:
+            raise ConfigError(f"SplitConfig: refresh must be >= 1 and explore in [0, 1], got {self.refresh}, "
+                              f"{self.explore}")
+
+    @property
+    def budget(self) -> float:
+        return sum(self.sizes) / self.compression
+
+    def equal_ratios(self) -> list[float]:
+        return list(equal_keep_ratios(self.sizes, self.budget).ratios)
+
+    def link(self, modality: int, ratio: float, client: int, step: int) -> Link:
+        seed = ((self.seed * 1_000_003 + client) * 1_000_003 + step) * len(self.sizes) + modality
+        return Link(self.compressor, ratio, seed % (1 << 62), self.value_bits)
+
+
+def _group(items: dict, prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in items.items() if k.startswith(prefix)}
+
+
+class SplitClient:
+    """One client: ``encoders`` (one module a modality, ``[batch, ...] -> [batch, size]``), its optimizer, the
+    server's rank."""
+
+    def __init__(self, encoders: Sequence[nn.Module], transport, server: int, config: SplitConfig,
+                 optimizer: torch.optim.Optimizer) -> None:  # fmt: skip
+        if len(encoders) != len(config.sizes):
+            raise ConfigError(f"SplitClient: {len(encoders)} encoders for {len(config.sizes)} modalities")
+        self.encoders = encoders if isinstance(encoders, nn.ModuleList) else nn.ModuleList(encoders)
+        self.transport, self.server, self.config = transport, server, config
+        self.optimizer = optimizer
+        self.ratios = config.equal_ratios()
+        self.step_count = 0
+        self._pending: list | None = None
+        transport.send_hello(server, asdict(config))
+
+    def check(self) -> None:
+        """Check the server's config (after it sent its own hello)."""
+        self.transport.check_hello(self.server)
+
+    def forward(self, xs: Sequence[torch.Tensor], labels: torch.Tensor) -> int:
+        """Encode and send one batch; the bytes sent."""
+        if len(xs) != len(self.encoders):
+            raise ConfigError(f"SplitClient.forward: {len(xs)} modality inputs for {len(self.encoders)} encoders")
+        acts, sent, items = [], [], {}
+        for i, (enc, x, r) in enumerate(zip(self.encoders, xs, self.ratios)):
+            a = enc(x)
+            if a.dim() != 2 or a.shape[1] != self.config.sizes[i]:
+                raise ConfigError(f"SplitClient: modality {i}'s encoder gave shape {tuple(a.shape)}; expected "
+                                  f"[batch, {self.config.sizes[i]}]")
+            link = self.config.link(i, r, self.transport.rank, self.step_count)
+            packed = pack(a, link)
+            items.update({f"m{i}/{k}": v for k, v in packed.items.items()})
+            acts.append(a)
+            sent.append((link, packed))
+        items["labels"] = labels
+        self._pending = [acts, sent]
+        return self.transport.send(self.server, items, channel="fwd")
+
+    def backward(self) -> None:
+        """Receive the gradients of the batch sent last, update the encoders, take the next keep-ratios."""
+        if self._pending is None:
+            raise ConfigError("SplitClient.backward: no batch sent (call forward first)")
+        acts, sent = self._pending
+        self._pending = None
+        back = self.transport.recv(self.server, channel="bwd").items
+        pairs = []
+        for i, (a, (link, packed)) in enumerate(zip(acts, sent)):
+            g = unpack_grad(_group(back, f"m{i}/"), link, packed, tuple(a.shape), a.dtype, a.device)
+            if g is not None:
+                pairs.append((a, g))
+        self.optimizer.zero_grad()
+        if pairs:
+            torch.autograd.backward([a for a, _ in pairs], [g for _, g in pairs])
+        self.optimizer.step()
+        self.ratios = [float(r) for r in back["ratios"]]
+        self.step_count += 1
+
+    def step(self, xs: Sequence[torch.Tensor], labels: torch.Tensor) -> None:
+        """One step against a server in another process."""
+        self.forward(xs, labels)
+        self.backward()
+
+
+class SplitServer:
+    """The server: ``model`` takes the modalities' views concatenated, ``loss_fn(output, labels)``; serves the
+    clients of ranks ``clients`` in turn."""
+
+    def __init__(self, model: nn.Module, transport, clients: Sequence[int], config: SplitConfig,
+                 optimizer: torch.optim.Optimizer, loss_fn: Callable = F.cross_entropy) -> None:  # fmt: skip
+        self.model, self.transport, self.clients, self.config = model, transport, list(clients), config
+        self.optimizer, self.loss_fn = optimizer, loss_fn
+        self.ratios = {c: config.equal_ratios() for c in self.clients}
+        self.steps = {c: 0 for c in self.clients}
+        self.history: list[dict] = []  # ModalShare's refreshes: client, step, scores, ratios
+        for c in self.clients:
+            transport.send_hello(c, asdict(config))
+
+    def check(self) -> None:
+        """Check every client's config (after each sent its own hello)."""
+        for c in self.clients:
+            self.transport.check_hello(c)
+
+    def _loss(self, views: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.model(torch.cat(views, dim=1)), labels)
+
+    def serve(self, client: int) -> float:
+        """One batch of ``client``: receive, update, send the gradients back; the loss."""
+        msg = self.transport.recv(client, channel="fwd")
+        labels = msg.items["labels"]
+        step, cfg = self.steps[client], self.config
+        links, views, kept = [], [], []
+        for i, (size, r) in enumerate(zip(cfg.sizes, self.ratios[client])):
+            link = cfg.link(i, r, client, step)
+            v, k = unpack(_group(msg.items, f"m{i}/"), link, (labels.shape[0], size), torch.float32, labels.device)
+            links.append(link)
+            views.append(v.requires_grad_())
+            kept.append(k)
+        loss = self._loss(views, labels)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        out = {}
+        for i, (v, link, k) in enumerate(zip(views, links, kept)):
+            out.update({f"m{i}/{n}": t for n, t in pack_grad(v.grad, link, k).items()})
+        self.steps[client] = step + 1
+        if cfg.policy == "modalshare" and self.steps[client] % cfg.refresh == 0:
+            self._refresh(client, [v.detach() for v in views], labels)
+        out["ratios"] = torch.tensor(self.ratios[client], dtype=torch.float64)
+        self.transport.send(client, out, channel="bwd")
+        return float(loss.detach())
+
+    def _refresh(self, client: int, views: list[torch.Tensor], labels: torch.Tensor) -> None:
+        cfg = self.config
+        with torch.no_grad():
+            scores = shapley(lambda s: -float(self._loss([v if i in s else torch.zeros_like(v)
+                                                          for i, v in enumerate(views)], labels)), len(views))
+        share = keep_ratios(scores.values, cfg.sizes, cfg.budget).ratios
+        self.ratios[client] = [(1 - cfg.explore) * a + cfg.explore * b for a, b in zip(share, cfg.equal_ratios())]
+        self.history.append({"client": client, "step": self.steps[client], "scores": list(scores.values),
+                             "ratios": list(self.ratios[client])})
+
+    def step(self) -> list[float]:
+        """One batch of every client, in turn (clients in other processes); the losses."""
+        return [self.serve(c) for c in self.clients]
+
+
+def fed_average(modules: Sequence[nn.Module] | nn.Module, group=None) -> int:
+    """SplitFed's averaging of the clients' encoders: every parameter replaced by its mean over the clients.
+
+    Given a list of modules (every client in one process), averages them in place; given one module, averages it
+    with the same module of every rank of the ``torch.distributed`` process ``group`` (each client process calls
+    it). Returns the bytes one client sends for it (its parameters, once)."""
+    if isinstance(modules, nn.Module):
+        import torch.distributed as dist
+
+        params = list(modules.parameters())
+        world = dist.get_world_size(group)
+        with torch.no_grad():
+            for p in params:
+                dist.all_reduce(p.data, group=group)
+                p.data.div_(world)
+        return sum(p.numel() * p.element_size() for p in params)
+    mods = list(modules)
+    if not mods:
+        raise ConfigError("fed_average: no modules")
+    groups = list(zip(*(list(m.parameters()) for m in mods)))
+    with torch.no_grad():
+        for ps in groups:
+            mean = torch.stack([p.data for p in ps]).mean(0)
+            for p in ps:
+                p.data.copy_(mean)
+    return sum(p.numel() * p.element_size() for p in mods[0].parameters())

@@ -1,0 +1,147 @@
+"""Split learning over the wire transport (actzip.split.runtime): in one process on loopback and on gloo ranks,
+the same gradients as the one-process simulation, ModalShare's ratios reaching the client, metered bytes, SplitFed
+averaging, mismatched configs refused on both ends."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from actzip.errors import WireConfigMismatchError
+from actzip.split.runtime import SplitClient, SplitConfig, SplitServer, fed_average
+from actzip.split.uplink import send
+from actzip.wire.backends import LoopbackHub
+from actzip.wire.transport import Transport
+
+from gloo_ranks import run_ranks
+
+DIMS, SIZES, CLASSES = (24, 6, 24), (16, 8, 16), 4
+
+
+def data(seed, n=64):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, CLASSES, (n,), generator=g)
+    xs = [torch.randn(n, d, generator=g) for d in DIMS]
+    xs[1][:, :CLASSES] += 3 * F.one_hot(y, CLASSES)  # the small modality carries the class
+    return xs, y
+
+
+def encoders(seed):
+    torch.manual_seed(seed)
+    return nn.ModuleList(nn.Sequential(nn.Linear(d, s), nn.ReLU()) for d, s in zip(DIMS, SIZES))
+
+
+def head(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(sum(SIZES), 32), nn.ReLU(), nn.Linear(32, CLASSES))
+
+
+def loopback(cfg, n_clients=1):
+    hub = LoopbackHub()
+    server_t = Transport(hub.backend(0), 0)
+    model = head()
+    server = SplitServer(model, server_t, list(range(1, n_clients + 1)), cfg, torch.optim.SGD(model.parameters(), 0.1))
+    clients = []
+    for r in range(1, n_clients + 1):
+        enc = encoders(r)
+        clients.append(SplitClient(enc, Transport(hub.backend(r), r), 0, cfg, torch.optim.SGD(enc.parameters(), 0.1)))
+    server.check()
+    for c in clients:
+        c.check()
+    return server, clients
+
+
+@pytest.mark.parametrize("compressor", ["random", "topk", "dct", "quant"])
+def test_one_step_gives_the_simulation_s_gradients(compressor):
+    cfg = SplitConfig(SIZES, compressor=compressor, compression=2.0)
+    server, (client,) = loopback(cfg)
+    xs, y = data(0)
+    # the simulation: the same encoders, head and seeds, the link in one autograd graph
+    enc, model = encoders(1), head()
+    acts = [e(x) for e, x in zip(enc, xs)]
+    views = [send(a, r, compressor, seed=cfg.link(i, r, 1, 0).seed).view
+             for i, (a, r) in enumerate(zip(acts, cfg.equal_ratios()))]
+    F.cross_entropy(model(torch.cat(views, 1)), y).backward()
+    client.forward(xs, y)
+    server.serve(1)
+    before = [p.detach().clone() for p in client.encoders.parameters()]
+    client.backward()
+    for p0, p1, q in zip(before, client.encoders.parameters(), enc.parameters()):
+        want = p0 - 0.1 * q.grad if q.grad is not None else p0
+        assert torch.allclose(p1, want, rtol=0, atol=1e-6)  # an SGD step from the same gradient
+    for p, q in zip(server.model.parameters(), model.parameters()):
+        assert torch.allclose(p, q.detach() - 0.1 * q.grad, rtol=0, atol=1e-6)
+
+
+def test_training_in_turn_meters_bytes_on_both_ends_and_modalshare_ratios_reach_the_clients():
+    cfg = SplitConfig(SIZES, compressor="random", compression=4.0, policy="modalshare", refresh=10)
+    server, clients = loopback(cfg, n_clients=2)
+    losses = []
+    for step in range(40):
+        for c in clients:
+            xs, y = data(100 * step + c.transport.rank)
+            c.forward(xs, y)
+            losses.append(server.serve(c.transport.rank))
+            c.backward()
+    assert sum(losses[-10:]) < sum(losses[:10])
+    assert len(server.history) == 8 and all(c.ratios == server.ratios[c.transport.rank] for c in clients)
+    assert all(c.ratios[1] > cfg.equal_ratios()[1] for c in clients)  # the small useful modality gets more
+    sent = [c.transport.meter.total("sent", "fwd") for c in clients]
+    assert sum(sent) == server.transport.meter.total("received", "fwd")  # every byte, counted at both ends
+    budget = 64 * sum(SIZES) * 2 / cfg.compression  # bytes of values a step
+    # values at about the budget, the int64 labels, a header and (now and then) a schema a step
+    assert all(budget * 40 < s < (1.2 * budget + 64 * 8 + 48 + 200) * 40 for s in sent)
+
+
+def test_fed_average_in_one_process():
+    a, b = encoders(1), encoders(2)
+    nbytes = fed_average([a, b])
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert nbytes == sum(p.numel() * 4 for p in a.parameters())
+
+
+def test_a_client_built_with_other_settings_is_refused_on_both_ends():
+    hub = LoopbackHub()
+    model = head()
+    server = SplitServer(model, Transport(hub.backend(0), 0), [1], SplitConfig(SIZES, compression=4.0),
+                         torch.optim.SGD(model.parameters(), 0.1))
+    enc = encoders(1)
+    client = SplitClient(enc, Transport(hub.backend(1), 1), 0, SplitConfig(SIZES, compression=2.0),
+                         torch.optim.SGD(enc.parameters(), 0.1))
+    for end in (server, client):
+        with pytest.raises(WireConfigMismatchError, match="compression"):
+            end.check()
+
+
+def _ranks(rank, world):
+    import torch.distributed as dist
+
+    from actzip.wire.backends import DistBackend
+
+    cfg = SplitConfig(SIZES, compressor="topk", compression=4.0)
+    transport = Transport(DistBackend(), rank, timeout_s=20)
+    clients = dist.new_group([1, 2])
+    if rank == 0:
+        model = head()
+        server = SplitServer(model, transport, [1, 2], cfg, torch.optim.SGD(model.parameters(), 0.1))
+        server.check()
+        losses = [server.step() for _ in range(30)]
+        return sum(losses[0]), sum(losses[-1]), transport.meter.total("received", "fwd")
+    enc = encoders(rank)
+    client = SplitClient(enc, transport, 0, cfg, torch.optim.SGD(enc.parameters(), 0.1))
+    client.check()
+    for step in range(30):
+        xs, y = data(100 * step + rank)
+        client.step(xs, y)
+    fed_average(enc, group=clients)
+    return [p.sum().item() for p in enc.parameters()], transport.meter.total("sent", "fwd")
+
+
+def test_a_server_and_two_clients_on_gloo_ranks_train_and_average():
+    reports = run_ranks(_ranks, 3, timeout_s=30, deadline_s=90)
+    assert all(r[0] == "ok" for r in reports), reports
+    first, last, received = reports[0][1]
+    assert last < first
+    (p1, sent1), (p2, sent2) = reports[1][1], reports[2][1]
+    assert p1 == p2  # the clients' encoders after SplitFed's averaging
+    assert received == sent1 + sent2  # every byte the clients sent, and no other
