@@ -145,3 +145,28 @@ def test_a_server_and_two_clients_on_gloo_ranks_train_and_average():
     (p1, sent1), (p2, sent2) = reports[1][1], reports[2][1]
     assert p1 == p2  # the clients' encoders after SplitFed's averaging
     assert received == sent1 + sent2  # every byte the clients sent, and no other
+
+
+def _client_dies(rank, world):
+    import os
+
+    from actzip.wire.backends import DistBackend
+
+    cfg = SplitConfig(SIZES, compression=2.0)
+    transport = Transport(DistBackend(), rank, timeout_s=5)
+    if rank == 0:
+        model = head()
+        server = SplitServer(model, transport, [1], cfg, torch.optim.SGD(model.parameters(), 0.1))
+        server.check()
+        server.step()
+        return "served"
+    enc = encoders(rank)
+    SplitClient(enc, transport, 0, cfg, torch.optim.SGD(enc.parameters(), 0.1)).check()
+    os._exit(3)  # gone before its first batch
+
+
+def test_a_client_that_disconnects_is_an_error_on_the_server_in_bounded_time():
+    reports = run_ranks(_client_dies, 2, timeout_s=10, deadline_s=40)
+    assert reports[0][0] == "error" and reports[0][1] in ("WirePeerError", "WireTimeoutError"), reports[0]
+    assert reports[0][-1] < 15  # seconds
+    assert reports[1][0] == "exited"
