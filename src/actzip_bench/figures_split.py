@@ -61,7 +61,8 @@ def policy_grid(root: Path) -> str:
     lines = ["| compressor | compression | " + " | ".join(POLICY_LABELS[p] for p in policies)
              + " | ModalShare − equal | ModalShare − best other |", "|---|---:|" + "---:|" * (len(policies) + 2)]
     gains, margins, shares = [], [], []
-    for (comp, x), rec in sorted(recs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    order = ("random", "topk", "dct", "quant")
+    for (comp, x), rec in sorted(recs.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
         if comp == "quant":
             continue
         m = rec["mean_accuracy"]
@@ -78,7 +79,7 @@ def policy_grid(root: Path) -> str:
               f"1 / compression of the dense bf16 payload. ModalShare against equal keep-ratios: "
               f"{min(gains) * 100:+.1f} to {max(gains) * 100:+.1f} points; against the best other policy: "
               f"{min(margins) * 100:+.1f} to {max(margins) * 100:+.1f} points. Its Shapley scoring took "
-              f"{min(shares):.1%} to {max(shares):.1%} of the server's compute ({GRID}/)."]
+              f"{min(shares):.1%} to {max(shares):.1%} of the server's compute (`{GRID}/`)."]
     return "\n".join(lines)
 
 
@@ -101,7 +102,7 @@ def codec_grid(root: Path) -> str:
         lines.append(f"| {x:g}x | " + " | ".join(cells) + " |")
     lines += ["", "Equal keep-ratios; test accuracy, mean of the seeds (lowest–highest), and the uplink bytes sent as "
               "a share of the dense bf16 payload (the payloads' own bytes; a compressor that cannot fit a "
-              f"modality's share sends nothing of it) ({GRID}/)."]
+              f"modality's share sends nothing of it) (`{GRID}/`)."]
     return "\n".join(lines)
 
 

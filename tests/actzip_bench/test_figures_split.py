@@ -1,0 +1,33 @@
+"""The split-learning figures: read from their records; the grid's tables have every compressor and policy."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from actzip.errors import ConfigError
+from actzip_bench.figures_split import GRID, RUNS, codec_grid, modalshare, policy_grid
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_first_measurement_renders_from_its_records():
+    assert all(f"`{rel}`" in modalshare(REPO) for rel in RUNS)
+
+
+def test_the_grid_tables_render_a_row_per_record_and_the_margins(tmp_path):
+    (tmp_path / GRID).mkdir(parents=True)
+    for path in (REPO / GRID).glob("*.json"):
+        shutil.copy(path, tmp_path / GRID / path.name)
+    one = next((tmp_path / GRID).glob("random-*.json"))
+    rec = json.loads(one.read_text())
+    text = policy_grid(tmp_path)
+    assert f"| random | {rec['config']['compression']:g}x |" in text and "ModalShare − best other" in text
+    assert "| quant |" not in text  # quant is in the codec comparison only
+    assert "quant" in codec_grid(tmp_path).splitlines()[0]
+
+
+def test_an_empty_grid_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="no records"):
+        policy_grid(tmp_path)
