@@ -135,7 +135,8 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, data) -> dict:
         views = [s.view for s in model.send([x[test] for x in xs], ratios, cfg.compressor, seed * 7919 + 7917)]
         acc = float((model.serve(views).argmax(1) == y[test]).float().mean())
     dense = cfg.batch * sum(cfg.widths) * 2  # bf16 bytes a step
-    return {"policy": policy, "seed": seed, "accuracy": acc, "ratios": ratios,
+    return {"policy": policy, "compressor": cfg.compressor, "budget": cfg.compression, "seed": seed, "accuracy": acc,
+            "ratios": ratios,
             "uplink_features": sum(r * w for r, w in zip(ratios, cfg.widths)), "budget_features": budget,
             "uplink_bytes": up / cfg.steps, "downlink_bytes": down / cfg.steps, "dense_bytes": dense,
             "scoring_share": scoring_s / (server_s + scoring_s), "history": history}

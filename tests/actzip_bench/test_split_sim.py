@@ -13,6 +13,7 @@ def test_policies_spend_the_same_budget_and_modalshare_favours_the_sensor():
     rows = {r["policy"]: r for r in rec["rows"]}
     assert set(rows) == set(POLICIES)
     for r in rows.values():
+        assert r["compressor"] == "random" and r["budget"] == cfg.compression
         assert r["uplink_features"] == pytest.approx(r["budget_features"], rel=1e-9)
         assert 0.0 <= r["accuracy"] <= 1.0
         # the random mask sends about the budget's share of the dense bf16 payload, and as much back

@@ -126,6 +126,7 @@ def _ranks(rank, world):
         server = SplitServer(model, transport, [1, 2], cfg, torch.optim.SGD(model.parameters(), 0.1))
         server.check()
         losses = [server.step() for _ in range(30)]
+        server.finish()
         return sum(losses[0]), sum(losses[-1]), transport.meter.total("received", "fwd")
     enc = encoders(rank)
     client = SplitClient(enc, transport, 0, cfg, torch.optim.SGD(enc.parameters(), 0.1))

@@ -47,11 +47,17 @@ def test_topk_keeps_each_sample_s_largest_values_exactly():
     assert torch.equal(kept, top)
 
 
-def test_nothing_that_fits_leaves_the_modality_out_and_full_ratio_sends_it_whole():
+def test_nothing_that_fits_leaves_the_modality_out_announced_once_and_counted():
+    from actzip.kernels import runtime
+
+    runtime.reset_fallbacks()
     a = acts(width=16)
     for method in ("topk", "quant"):
-        s = send(a, 0.02, method)
+        with pytest.warns(RuntimeWarning, match="sending nothing"):
+            s = send(a, 0.02, method)
         assert s.uplink_bytes == 0 and not s.view.any()
+        send(a, 0.02, method)  # counted again, not warned again
+    assert sorted(runtime.fallback_counts().values()) == [2, 2]
     whole = send(a, 1.0, "random")
     assert torch.equal(whole.view, a.detach().bfloat16().float()) and whole.uplink_bytes == a.numel() * 2
 

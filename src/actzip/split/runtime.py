@@ -205,6 +205,10 @@ class SplitServer:
         """One batch of every client, in turn (clients in other processes); the losses."""
         return [self.serve(c) for c in self.clients]
 
+    def finish(self) -> None:
+        """Wait until the last gradients have left (call it before the process ends)."""
+        self.transport.flush()
+
 
 def fed_average(modules: Sequence[nn.Module] | nn.Module, group=None) -> int:
     """SplitFed's averaging of the clients' encoders: every parameter replaced by its mean over the clients.

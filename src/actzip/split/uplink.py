@@ -15,7 +15,8 @@ spends them its own way (:data:`COMPRESSORS`):
 - ``quant``: uniform min-max quantization (:mod:`actzip.codecs.quant`, one group a sample) at the largest of 1,
   2, 4, 8 bits whose payload fits, the gradient likewise: the baseline SL-FAC is measured against.
 
-A ratio too small for anything of a modality to fit leaves it out: nothing is sent and the server sees zeros.
+A ratio too small for anything of a modality to fit leaves it out: nothing is sent and the server sees zeros
+(announced once per compressor and width, counted in ``actzip.kernels.runtime.fallback_counts()``).
 
 Four steps, each a function, make the wire form (:class:`~actzip.split.runtime` sends their items through the
 wire transport): :func:`pack` (client: items to send, and what it keeps to read the gradient), :func:`unpack`
@@ -34,6 +35,7 @@ import torch
 from actzip import codecs
 from actzip.core.payload import Payload
 from actzip.errors import ConfigError
+from actzip.kernels.runtime import record_fallback
 
 __all__ = ["COMPRESSORS", "DCT_BITS", "Link", "Packed", "Sent", "item_bytes", "pack", "pack_grad", "send",
            "unpack", "unpack_grad"]
@@ -87,6 +89,12 @@ def _topk_k(width: int, link: Link) -> int:
     return min(width, int(link.ratio * width * link.value_bits / 8 // per))
 
 
+def _left_out(link: Link, width: int) -> "Packed":
+    record_fallback("split uplink", f"{link.method} cannot fit one value of a {width}-feature modality in a keep-ratio "
+                    "this small", instead="sending nothing of it (the server sees zeros)", stacklevel=4)
+    return Packed()
+
+
 def _codec(method: str, bits: float, width: int, seed: int):
     if method == "dct":
         return codecs.get("dct", bits=bits, bands=min(8, width), seed=seed)
@@ -109,7 +117,7 @@ def pack(a: torch.Tensor, link: Link) -> Packed:
     if link.method == "topk":
         k = _topk_k(width, link)
         if k == 0:
-            return Packed()
+            return _left_out(link, width)
         idx = a.abs().topk(k, dim=1).indices
         return Packed({"values": a.gather(1, idx).to(wire), "index": idx.to(_index_dtype(width))}, idx)
     budget = link.ratio * a.numel() * link.value_bits / 8
@@ -122,7 +130,7 @@ def pack(a: torch.Tensor, link: Link) -> Packed:
         if payload.nbytes + 1 <= budget:  # and one byte: which bits of the grid
             _FITTED[key] = i
             return Packed({"payload": payload, "bits": torch.tensor([i], dtype=torch.uint8)}, codec)
-    return Packed()
+    return _left_out(link, width)
 
 
 def unpack(items: dict, link: Link, shape: tuple[int, int], dtype: torch.dtype, device) -> tuple[torch.Tensor, object]:

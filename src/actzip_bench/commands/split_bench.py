@@ -8,7 +8,13 @@ import argparse
 from actzip_bench.commands.common import command_line, config_from_args, write_json
 
 
+QUICK = dict(compressors=("random", "topk", "dct"), compression=5.0, seeds=(0,), steps=200)
+
+
 def _bench_split(args: argparse.Namespace) -> int:
+    import dataclasses
+    import time
+
     import torch
     from rich.console import Console
     from rich.progress import Progress
@@ -18,22 +24,32 @@ def _bench_split(args: argparse.Namespace) -> int:
     from actzip_bench.split_sim import SplitSimConfig, run_split_sim
 
     cfg = config_from_args(SplitSimConfig, args)
+    if args.quick:  # one seed, fewer steps, the three compressors of the policy comparison at 5x
+        cfg = dataclasses.replace(cfg, compression=QUICK["compression"], seeds=QUICK["seeds"], steps=QUICK["steps"])
+    cells = [dataclasses.replace(cfg, compressor=c) for c in QUICK["compressors"]] if args.quick else [cfg]
     console = Console()
+    records, t0 = [], time.perf_counter()
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("training", total=len(cfg.seeds) * len(cfg.policies))
-        record = run_split_sim(cfg, progress=lambda done: bar.update(task, advance=1, description=done))
-    record["machine"] = machine_record(torch.device("cpu"))
-    record["command"] = command_line(args)
-    table = Table(title=f"split learning, {cfg.compressor} uplink at {cfg.compression:g}x, {len(cfg.seeds)} seeds")
-    for col in ("policy", "mean accuracy", "per seed", "uplink / dense bf16", "final ratios (seed 0)"):
-        table.add_column(col)
-    for p in cfg.policies:
-        rows = [r for r in record["rows"] if r["policy"] == p]
-        share = sum(r["uplink_bytes"] / r["dense_bytes"] for r in rows) / len(rows)
-        table.add_row(p, f"{record['mean_accuracy'][p]:.3f}", " ".join(f"{r['accuracy']:.3f}" for r in rows),
-                      f"{share:.3f}", " ".join(f"{v:.2f}" for v in rows[0]["ratios"]))
-    console.print(table)
-    write_json(record, args.json, console)
+        task = bar.add_task("training", total=len(cells) * len(cfg.seeds) * len(cfg.policies))
+        for cell in cells:
+            records.append(run_split_sim(cell, progress=lambda done: bar.update(task, advance=1, description=done)))
+    for cell, record in zip(cells, records):
+        table = Table(title=f"split learning, {cell.compressor} uplink at {cell.compression:g}x, "
+                            f"{len(cell.seeds)} seed(s)")
+        for col in ("policy", "mean accuracy", "per seed", "uplink / dense bf16", "final ratios (seed 0)"):
+            table.add_column(col)
+        for p in cell.policies:
+            rows = [r for r in record["rows"] if r["policy"] == p]
+            share = sum(r["uplink_bytes"] / r["dense_bytes"] for r in rows) / len(rows)
+            table.add_row(p, f"{record['mean_accuracy'][p]:.3f}", " ".join(f"{r['accuracy']:.3f}" for r in rows),
+                          f"{share:.3f}", " ".join(f"{v:.2f}" for v in rows[0]["ratios"]))
+        console.print(table)
+    out = records[0] if not args.quick else {"quick": True, "config": records[0]["config"], "cells": records,
+                                              "rows": [r for rec in records for r in rec["rows"]]}
+    out["wall_s"] = time.perf_counter() - t0
+    out["machine"] = machine_record(torch.device("cpu"))
+    out["command"] = command_line(args)
+    write_json(out, args.json, console)
     return 0
 
 
@@ -47,5 +63,7 @@ def add_parsers(bench) -> None:
     sb.add_argument("--refresh", type=int, help="steps between ModalShare's score refreshes")
     sb.add_argument("--explore", type=float, help="share of the equal allocation mixed into ModalShare's")
     sb.add_argument("--seeds", help="comma-separated (default 0,1,2)")
+    sb.add_argument("--quick", action="store_true",
+                    help="random, topk and dct at 5x, one seed, 200 steps, in one record (a few minutes on 2 cores)")
     sb.add_argument("--json", help="write the record here")
     sb.set_defaults(func=_bench_split)
