@@ -1,6 +1,5 @@
 """Shapley scores of modalities: exact values of known games, the sampled estimate against them."""
 
-import itertools
 import math
 
 import pytest
