@@ -16,6 +16,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -69,14 +70,23 @@ class Zygote:
         env = {**os.environ, "PYTHONPATH": path}
         self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, text=True, bufsize=1)
+        self._buffer = b""  # bytes read from the zygote's stdout, not yet a whole line
 
     def _read(self, timeout: float | None) -> dict | None:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the example zygote ended")
+        # Lines are split here, from the pipe's raw bytes: a buffered readline could take both of an example's
+        # answers at once, and select() would then wait for a second one that already arrived.
+        fd = self.proc.stdout.fileno()
+        end = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError("the example zygote ended")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
         return json.loads(line)
 
     def run(self, code: str, cwd: Path, out: Path, timeout: float) -> int | None:
