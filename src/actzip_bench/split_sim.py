@@ -16,8 +16,10 @@ Policies (:data:`POLICIES`), each refreshed every ``refresh`` steps from the bat
 - ``modalshare``: payload shares by Shapley scores, the value of a coalition being minus the server's loss with
   the other modalities' received features zeroed.
 
-The score-driven policies (all but ``equal``) mix ``explore`` of the equal allocation into theirs, so that a
-modality scored out still reaches the server a little. The record also has the bytes each way (the payloads'
+The score-driven policies (all but ``equal``) give every modality a floor before the scores share the rest of
+the budget: ``explore`` of its equal keep-ratio, and at least the compressor's smallest sendable payload
+(:func:`actzip.split.uplink.least_ratio`), so that a modality scored out still reaches the server and can be
+scored again. The record also has the bytes each way (the payloads'
 own) and, for ModalShare, the share of the server's compute its scoring took.
 """
 
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 
 from actzip.errors import ConfigError
 from actzip.split import equal_keep_ratios, keep_ratios, shapley
-from actzip.split.uplink import COMPRESSORS, send
+from actzip.split.uplink import COMPRESSORS, least_ratio, send
 from actzip_bench.data.multimodal import MODALITIES, MultimodalConfig, make_multimodal
 
 __all__ = ["POLICIES", "SplitSimConfig", "run_split_sim"]
@@ -51,8 +53,8 @@ class SplitSimConfig:
     batch: int = 128  # samples a step
     lr: float = 3e-3  # Adam
     refresh: int = 50  # steps between the score-driven policies' refreshes
-    # share of the equal allocation mixed into the score-driven policies' (both spend the budget, so the mix does
-    # too): a modality scored out still reaches the server a little, so that its score can recover
+    # share of its equal keep-ratio every modality keeps under the score-driven policies (with at least the
+    # compressor's smallest sendable payload): a modality scored out still reaches the server, so its score can recover
     explore: float = 0.1
     train: int = 5000  # training samples (the rest of the suite is the test set)
     test: int = 1000
@@ -111,6 +113,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, data) -> dict:
     budget = sum(cfg.widths) / cfg.compression
     equal = list(equal_keep_ratios(cfg.widths, budget).ratios)
     ratios = equal
+    floor = [max(cfg.explore * e, least_ratio(cfg.compressor, cfg.batch, w)) for e, w in zip(equal, cfg.widths)]
     history, up, down, server_s, scoring_s = [], 0.0, 0.0, 0.0, 0.0
     for step in range(cfg.steps):
         idx = torch.randint(0, cfg.train, (cfg.batch,), generator=gen)
@@ -127,8 +130,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, data) -> dict:
             t0 = time.perf_counter()
             scores = _scores(policy, model, [s.view.detach() for s in sent], y[idx])
             scoring_s += time.perf_counter() - t0
-            share = keep_ratios(scores, cfg.widths, budget).ratios
-            ratios = [(1 - cfg.explore) * a + cfg.explore * b for a, b in zip(share, equal)]
+            ratios = list(keep_ratios(scores, cfg.widths, budget, floor=floor).ratios)
             history.append({"step": step + 1, "scores": scores, "ratios": ratios})
     with torch.no_grad():
         test = torch.arange(cfg.train, cfg.train + cfg.test)

@@ -79,3 +79,46 @@ def test_bad_input_is_refused():
         keep_ratios([1.0, 2.0], [10], 5)
     with pytest.raises(ConfigError, match="finite"):
         keep_ratios([float("inf")], [10], 5)
+
+
+def test_floors_come_first_and_the_scores_share_the_rest():
+    sizes, budget = [1000, 16, 1000], 400
+    floor = [0.0, 0.25, 0.0]  # the small modality's least sendable payload: 4 of its 16 elements
+    k = keep_ratios([1.0, 0.0, 1.0], sizes, budget, floor=floor)
+    _check_payload(k, sizes, budget)
+    assert k.ratios[1] == 0.25 and k.dropped == (1,)  # scored out, still sent at its floor
+    assert math.isclose(k.ratios[0], k.ratios[2]) and math.isclose(k.ratios[0] * 1000, (400 - 4) / 2)
+
+
+def test_a_floor_counts_toward_the_cap_of_a_modality_sent_whole():
+    sizes, budget = [100, 1000], 500
+    k = keep_ratios([10.0, 1.0], sizes, budget, floor=[0.5, 0.1])
+    _check_payload(k, sizes, budget)
+    assert k.ratios[0] == 1.0 and k.saturated == (0,) and math.isclose(k.ratios[1], 0.4)
+
+
+def test_floors_that_do_not_fit_together_drop_the_largest_payload_first_and_say_so():
+    sizes, budget = [100, 100, 10], 30
+    k = keep_ratios([1.0, 1.0, 1.0], sizes, budget, floor=[0.2, 0.1, 1.0])
+    _check_payload(k, sizes, budget)
+    assert "[0]" in k.fallback and k.ratios[1] >= 0.1 and k.ratios[2] >= 1.0 - 1e-12
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_floors_are_kept_and_the_budget_spent(seed):
+    rng = random.Random(100 + seed)
+    n = rng.randint(1, 9)
+    sizes = [rng.randint(1, 10_000) for _ in range(n)]
+    scores = [rng.uniform(-0.2, 1.0) for _ in range(n)]
+    budget = rng.uniform(0.05, 1.0) * sum(sizes)
+    floor = [rng.uniform(0, 0.5 * budget / sum(sizes)) for _ in range(n)]  # they fit together
+    k = keep_ratios(scores, sizes, budget, floor=floor)
+    _check_payload(k, sizes, budget)
+    assert all(r >= f - 1e-12 for r, f in zip(k.ratios, floor))
+
+
+def test_bad_floors_are_refused():
+    with pytest.raises(ConfigError, match="floor"):
+        keep_ratios([1.0, 1.0], [10, 10], 5, floor=[0.1])
+    with pytest.raises(ConfigError, match="floor"):
+        keep_ratios([1.0, 1.0], [10, 10], 5, floor=[0.1, 1.5])

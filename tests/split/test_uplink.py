@@ -1,11 +1,14 @@
 """What a split-learning server receives of a modality under a keep-ratio (actzip.split.uplink): every compressor
 within the budget, the random mask unbiased, gradients back by each compressor's rule."""
 
+import warnings
+
 import pytest
 import torch
 
 from actzip.errors import ConfigError
-from actzip.split.uplink import COMPRESSORS, send
+from actzip.kernels.runtime import fallback_counts
+from actzip.split.uplink import COMPRESSORS, least_ratio, send
 
 
 def acts(seed=0, batch=64, width=128):
@@ -70,3 +73,22 @@ def test_bad_input_is_refused_by_name():
         send(a, 1.5, "random")
     with pytest.raises(ConfigError, match=r"\[batch, width\]"):
         send(a[0], 0.5, "random")
+
+
+@pytest.mark.parametrize("method", ["topk", "dct", "quant"])
+@pytest.mark.parametrize("width", [8, 16, 300])
+def test_least_ratio_is_the_smallest_that_sends_anything(method, width):
+    r = least_ratio(method, 32, width)
+    a = torch.randn(32, width, generator=torch.Generator().manual_seed(width))
+    assert 0 < r <= 1 and send(a, r, method).uplink_bytes > 0
+    before = sum(fallback_counts().values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # announced once a process; the count is what is checked
+        assert send(a, r * 0.99, method).uplink_bytes == 0  # a hair under sends nothing
+    assert sum(fallback_counts().values()) == before + 1
+
+
+def test_least_ratio_of_the_random_mask_is_zero_and_unknown_compressors_are_refused():
+    assert least_ratio("random", 32, 16) == 0.0
+    with pytest.raises(ConfigError, match="compressor"):
+        least_ratio("zip", 32, 16)

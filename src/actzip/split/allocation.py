@@ -7,7 +7,9 @@ the payload that follows its score: ``ratio_i * size_i = min(size_i, lam * w_i)`
 others, in proportion to their scores). A small but useful modality is thus sent whole before a large weak one
 gets more, where equal keep-ratios (``ratio_i = budget / sum(sizes)``) give every modality bytes by its size.
 A modality whose score is not positive gets ratio 0 (listed in ``dropped``); when no score is positive, every
-modality gets the equal ratio and ``fallback`` says so.
+modality gets the equal ratio and ``fallback`` says so. With ``floor``, each modality first gets its least ratio
+(a compressor's smallest sendable payload, say: a modality that never arrives can never be scored again) and
+the scores share what the floors leave of the budget, each modality up to what is left of its size.
 """
 
 from __future__ import annotations
@@ -52,41 +54,76 @@ def equal_keep_ratios(sizes: Sequence[float], budget: float) -> KeepRatios:
     return KeepRatios((r,) * len(sizes), (), tuple(range(len(sizes))) if r == 1.0 else (), None)
 
 
-def keep_ratios(scores: Sequence[float], sizes: Sequence[float], budget: float) -> KeepRatios:
+def keep_ratios(scores: Sequence[float], sizes: Sequence[float], budget: float,
+                floor: Sequence[float] | None = None) -> KeepRatios:
     """ModalShare's keep-ratios from ``scores`` (Shapley values, say) for modalities of ``sizes`` elements under
-    ``budget`` expected elements (see the module docstring)."""
+    ``budget`` expected elements (see the module docstring).
+
+    ``floor``: a least ratio per modality, given before the scores share the rest (a compressor's smallest
+    sendable payload, so that a modality scored out still arrives and can be scored again). Floors that do not
+    fit the budget together are dropped, the largest payload first, and ``fallback`` says which."""
     sizes = _check(sizes, budget)
     if len(scores) != len(sizes):
         raise ConfigError(f"keep_ratios: {len(scores)} scores for {len(sizes)} modalities")
     if any(not math.isfinite(float(s)) for s in scores):
         raise ConfigError(f"keep_ratios: scores must be finite, got {list(scores)}")
+    floors, note = _floors(floor, sizes, budget)
+    caps = [s * (1.0 - f) for s, f in zip(sizes, floors)]  # what the scores can still add, in elements
+    left = budget - math.fsum(f * s for f, s in zip(floors, sizes))
     w = [max(float(s), 0.0) for s in scores]
-    live = [i for i, x in enumerate(w) if x > 0]
+    live = [i for i, x in enumerate(w) if x > 0 and caps[i] > 0]
+    extra, saturated, fallback = _water_fill(w, caps, left, live)
+    ratios = tuple(min(1.0, f + (e / s)) for f, e, s in zip(floors, extra, sizes))
+    saturated = tuple(i for i in range(len(sizes)) if ratios[i] == 1.0 and (i in saturated or caps[i] == 0))
+    dropped = tuple(i for i in range(len(sizes)) if w[i] == 0 and fallback is None)
+    reasons = "; ".join(r for r in (fallback, note) if r)
+    return KeepRatios(ratios, dropped, saturated, reasons or None)
+
+
+def _floors(floor: Sequence[float] | None, sizes: list[float], budget: float) -> tuple[list[float], str | None]:
+    if floor is None:
+        return [0.0] * len(sizes), None
+    floors = [float(f) for f in floor]
+    if len(floors) != len(sizes) or any(not 0.0 <= f <= 1.0 for f in floors):
+        raise ConfigError(f"keep_ratios: floor must be one ratio in [0, 1] per modality ({len(sizes)}), got {floors}")
+    cut = []
+    for i in sorted(range(len(sizes)), key=lambda j: -floors[j] * sizes[j]):
+        if math.fsum(f * s for f, s in zip(floors, sizes)) <= budget:
+            break
+        floors[i] = 0.0
+        cut.append(i)
+    note = (f"the floors do not fit the budget together: modalities {sorted(cut)} get none" if cut else None)
+    return floors, note
+
+
+def _water_fill(w: list[float], caps: list[float], left: float, live: list[int]):
+    """Extra elements per modality: ``left`` shared by score ``w`` up to ``caps`` (by decreasing score per
+    element, a modality whose share would pass its cap gets the cap); the saturated ones; a fallback reason."""
+    n = len(caps)
+    if left <= 0:
+        return [0.0] * n, (), None
     if not live:
-        eq = equal_keep_ratios(sizes, budget)
-        return KeepRatios(eq.ratios, (), eq.saturated, "no modality has a positive score: equal keep-ratios")
-    if budget > math.fsum(sizes[i] for i in live):
+        total = math.fsum(caps)
+        return [left * c / total for c in caps], (), "no modality has a positive score: equal keep-ratios"
+    if left >= math.fsum(caps[i] for i in live):
         # the useful modalities cannot absorb the budget: send them whole, the rest share what is left equally
-        rest = [i for i in range(len(sizes)) if i not in live]
-        left = budget - math.fsum(sizes[i] for i in live)
-        r = left / math.fsum(sizes[i] for i in rest)
-        ratios = [1.0 if i in live else r for i in range(len(sizes))]
-        return KeepRatios(tuple(ratios), (), tuple(live), "the positively scored modalities sent whole take less "
-                          "than the budget: the others share the rest equally")
-    # water-filling on bytes: by decreasing score per element, a modality that lam * w would give more than its
-    # size is sent whole
-    order = sorted(live, key=lambda i: -w[i] / sizes[i])
+        rest = [i for i in range(n) if i not in live]
+        spare = left - math.fsum(caps[i] for i in live)
+        total = math.fsum(caps[i] for i in rest)
+        extra = [caps[i] if i in live else (spare * caps[i] / total if total else 0.0) for i in range(n)]
+        return extra, tuple(live), ("the positively scored modalities sent whole take less than the budget: "
+                                    "the others share the rest equally")
+    order = sorted(live, key=lambda i: -w[i] / caps[i])
     saturated: list[int] = []
     for i in order:
         free = order[len(saturated):]
-        lam = (budget - math.fsum(sizes[j] for j in saturated)) / math.fsum(w[j] for j in free)
-        if lam * w[i] <= sizes[i]:
+        lam = (left - math.fsum(caps[j] for j in saturated)) / math.fsum(w[j] for j in free)
+        if lam * w[i] <= caps[i]:
             break
         saturated.append(i)
-    ratios = [0.0] * len(sizes)
+    extra = [0.0] * n
     for i in saturated:
-        ratios[i] = 1.0
+        extra[i] = caps[i]
     for i in order[len(saturated):]:
-        ratios[i] = min(1.0, lam * w[i] / sizes[i])
-    dropped = tuple(i for i in range(len(sizes)) if w[i] == 0)
-    return KeepRatios(tuple(ratios), dropped, tuple(saturated), None)
+        extra[i] = min(caps[i], lam * w[i])
+    return extra, tuple(saturated), None

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from actzip.errors import ConfigError
 from actzip.split.allocation import equal_keep_ratios, keep_ratios
 from actzip.split.shapley import shapley
-from actzip.split.uplink import COMPRESSORS, Link, pack, pack_grad, unpack, unpack_grad
+from actzip.split.uplink import COMPRESSORS, Link, least_ratio, pack, pack_grad, unpack, unpack_grad
 
 __all__ = ["SPLIT_POLICIES", "SplitClient", "SplitConfig", "SplitServer", "fed_average"]
 
@@ -45,7 +45,7 @@ class SplitConfig:
     compression: float = 1.0  # the modalities' dense payload / the payload sent (1: dense)
     policy: str = "equal"  # keep-ratios: "equal", or "modalshare" (the server's Shapley scores)
     refresh: int = 50  # steps between ModalShare's refreshes
-    explore: float = 0.1  # share of the equal allocation mixed into ModalShare's
+    explore: float = 0.1  # share of its equal keep-ratio each modality keeps under ModalShare (see floor())
     value_bits: int = 16  # bits of a dense value (bf16): the budget's unit and the wire's dtype
     seed: int = 0  # the masks' and codecs' seeds derive from it
 
@@ -69,6 +69,12 @@ class SplitConfig:
 
     def equal_ratios(self) -> list[float]:
         return list(equal_keep_ratios(self.sizes, self.budget).ratios)
+
+    def floor(self, batch: int) -> list[float]:
+        """ModalShare's least keep-ratio per modality: ``explore`` of the equal one, and at least the
+        compressor's smallest sendable payload for a ``batch`` (a modality never sent is never scored again)."""
+        return [max(self.explore * e, least_ratio(self.compressor, batch, s, self.value_bits))
+                for e, s in zip(self.equal_ratios(), self.sizes)]
 
     def link(self, modality: int, ratio: float, client: int, step: int) -> Link:
         seed = ((self.seed * 1_000_003 + client) * 1_000_003 + step) * len(self.sizes) + modality
@@ -196,8 +202,8 @@ class SplitServer:
         with torch.no_grad():
             scores = shapley(lambda s: -float(self._loss([v if i in s else torch.zeros_like(v)
                                                           for i, v in enumerate(views)], labels)), len(views))
-        share = keep_ratios(scores.values, cfg.sizes, cfg.budget).ratios
-        self.ratios[client] = [(1 - cfg.explore) * a + cfg.explore * b for a, b in zip(share, cfg.equal_ratios())]
+        self.ratios[client] = list(keep_ratios(scores.values, cfg.sizes, cfg.budget,
+                                               floor=cfg.floor(labels.shape[0])).ratios)
         self.history.append({"client": client, "step": self.steps[client], "scores": list(scores.values),
                              "ratios": list(self.ratios[client])})
 

@@ -27,6 +27,7 @@ the gradient. Bytes are the items' own (tensor bytes, ``Payload.nbytes``).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -37,8 +38,8 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.kernels.runtime import record_fallback
 
-__all__ = ["COMPRESSORS", "DCT_BITS", "Link", "Packed", "Sent", "item_bytes", "pack", "pack_grad", "send",
-           "unpack", "unpack_grad"]
+__all__ = ["COMPRESSORS", "DCT_BITS", "Link", "Packed", "Sent", "item_bytes", "least_ratio", "pack", "pack_grad",
+           "send", "unpack", "unpack_grad"]
 
 COMPRESSORS = ("random", "topk", "dct", "quant")
 DCT_BITS = (8.0, 6.0, 4.0, 3.0, 2.0, 1.5, 1.0, 0.75, 0.5, 0.375, 0.25, 0.125)  # tried from the top down
@@ -99,6 +100,29 @@ def _codec(method: str, bits: float, width: int, seed: int):
     if method == "dct":
         return codecs.get("dct", bits=bits, bands=min(8, width), seed=seed)
     return codecs.get("quant", bits=int(bits), group_size=-(-width // 8) * 8, seed=seed)
+
+
+@functools.lru_cache(maxsize=256)
+def least_ratio(method: str, batch: int, width: int, value_bits: int = 16) -> float:
+    """The smallest keep-ratio at which ``method`` sends anything of a ``[batch, width]`` modality (0 for
+    ``random``, whose expected payload is any share): one value and its index a sample for ``topk``, the
+    coarsest bits' payload with its parameters (and the byte naming the bits) for ``dct`` and ``quant``.
+    Allocators give every modality at least this (:func:`actzip.split.keep_ratios`'s ``floor``), else a
+    modality scored out is never sent again and never scored again."""
+    if method not in COMPRESSORS:
+        raise ConfigError(f"split uplink: compressor must be one of {COMPRESSORS}, got {method!r}")
+    dense_bits = batch * width * value_bits
+    if method == "random":
+        return 0.0
+    if method == "topk":
+        per = value_bits // 8 + torch.empty(0, dtype=_index_dtype(width)).element_size()
+        need = batch * per * 8 / dense_bits
+    else:
+        grid = DCT_BITS if method == "dct" else _QUANT_BITS
+        sample = torch.randn(batch, width, generator=torch.Generator().manual_seed(0))  # the size is the shape's
+        payload = _codec(method, grid[-1], width, 0).encode(sample, name="least ratio probe")
+        need = max((payload.nbytes + 1) * 8 / dense_bits, grid[-1] / value_bits)
+    return min(1.0, need * (1 + 1e-9))  # a hair over: pack's fit tests must pass at exactly this ratio
 
 
 def pack(a: torch.Tensor, link: Link) -> Packed:
