@@ -25,6 +25,7 @@ own) and, for ModalShare, the share of the server's compute its scoring took.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 
@@ -35,7 +36,8 @@ import torch.nn.functional as F
 from actzip.errors import ConfigError
 from actzip.split import equal_keep_ratios, keep_ratios, shapley
 from actzip.split.uplink import COMPRESSORS, least_ratio, send
-from actzip_bench.data.multimodal import MODALITIES, MultimodalConfig, make_multimodal
+from actzip_bench.data.multimodal import MultimodalConfig
+from actzip_bench.split_suites import CLIENTS, SUITES, Suite, load_suite
 
 __all__ = ["POLICIES", "SplitSimConfig", "run_split_sim"]
 
@@ -48,7 +50,16 @@ class SplitSimConfig:
 
     compression: float = 5.0  # dense payload / payload sent
     compressor: str = "random"  # one of actzip.split.uplink.COMPRESSORS
-    widths: tuple[int, ...] = (256, 16, 256)  # features the client sends per modality (image, sensor, distractor)
+    dataset: str = "synthetic"  # one of actzip_bench.split_suites.SUITES
+    data_root: str | None = None  # the local copy of a data set read from disk (crema-d, mvsa)
+    # the client's encoders: "linear" (Linear + ReLU on each modality's flattened input, `widths` features out) or
+    # "conv" (spatial modalities through a 3x3 Conv2d, or a Conv1d over time, + ReLU: `channels` feature maps,
+    # space last, which is what SL-FAC's DCT runs along; the other modalities linear)
+    client: str = "linear"
+    # features the linear encoders send per modality; None: the suite's default (the synthetic suite's image,
+    # sensor, distractor: 256, 16, 256; elsewhere each modality's input size, at most 256)
+    widths: tuple[int, ...] | None = None
+    channels: int = 8  # feature maps of a convolutional encoder
     steps: int = 400  # training steps
     batch: int = 128  # samples a step
     lr: float = 3e-3  # Adam
@@ -56,14 +67,20 @@ class SplitSimConfig:
     # share of its equal keep-ratio every modality keeps under the score-driven policies (with at least the
     # compressor's smallest sendable payload): a modality scored out still reaches the server, so its score can recover
     explore: float = 0.1
-    train: int = 5000  # training samples (the rest of the suite is the test set)
-    test: int = 1000
+    train: int | None = None  # training samples (None: 5000 of the synthetic suite, else four fifths of the data)
+    test: int | None = None  # test samples after them (None: 1000 of the synthetic suite, else the rest)
     seeds: tuple[int, ...] = (0, 1, 2)
     policies: tuple[str, ...] = POLICIES
 
     def __post_init__(self) -> None:
-        if len(self.widths) != len(MODALITIES):
-            raise ConfigError(f"split sim: widths needs one entry per modality {MODALITIES}, got {self.widths}")
+        if self.dataset not in SUITES:
+            raise ConfigError(f"split sim: dataset must be one of {SUITES}, got {self.dataset!r}")
+        if self.client not in CLIENTS:
+            raise ConfigError(f"split sim: client must be one of {CLIENTS}, got {self.client!r}")
+        if self.widths is not None and any(int(w) < 1 for w in self.widths):
+            raise ConfigError(f"split sim: widths must be positive feature counts, got {self.widths}")
+        if self.channels < 1:
+            raise ConfigError(f"split sim: channels must be >= 1, got {self.channels}")
         if self.compression < 1:
             raise ConfigError(f"split sim: compression must be >= 1, got {self.compression}")
         if self.compressor not in COMPRESSORS:
@@ -73,20 +90,32 @@ class SplitSimConfig:
             raise ConfigError(f"split sim: unknown policies {sorted(unknown)}; known: {list(POLICIES)}")
 
 
+def _encoder(shape: tuple[int, ...], width: int, client: str, channels: int) -> nn.Module:
+    """One modality's client layers for samples of ``shape``."""
+    if client == "conv" and len(shape) == 3:  # [C, H, W] -> [channels, H * W]
+        return nn.Sequential(nn.Conv2d(shape[0], channels, 3, padding=1), nn.ReLU(), nn.Flatten(2))
+    if client == "conv" and len(shape) == 2:  # [features, time] -> [channels, time]
+        return nn.Sequential(nn.Conv1d(shape[0], channels, 3, padding=1), nn.ReLU())
+    return nn.Sequential(nn.Flatten(1), nn.Linear(math.prod(shape), width), nn.ReLU())
+
+
 class _Split(nn.Module):
-    def __init__(self, dims, widths, classes):
+    def __init__(self, shapes, widths, classes, client="linear", channels=8):
         super().__init__()
-        self.client = nn.ModuleList(nn.Linear(d, w) for d, w in zip(dims, widths))
-        self.server = nn.Sequential(nn.Linear(sum(widths), 128), nn.ReLU(), nn.Linear(128, classes))
+        self.client = nn.ModuleList(_encoder(s, w, client, channels) for s, w in zip(shapes, widths))
+        with torch.no_grad():
+            self.out_shapes = [tuple(enc(torch.zeros(1, *s)).shape[1:]) for enc, s in zip(self.client, shapes)]
+        self.sizes = [math.prod(s) for s in self.out_shapes]  # features sent per modality
+        self.server = nn.Sequential(nn.Linear(sum(self.sizes), 128), nn.ReLU(), nn.Linear(128, classes))
 
     def send(self, xs, ratios, compressor, seed):
-        return [send(F.relu(enc(x)), r, compressor, seed=seed * len(xs) + i)
+        return [send(enc(x), r, compressor, seed=seed * len(xs) + i)
                 for i, (enc, x, r) in enumerate(zip(self.client, xs, ratios))]
 
     def serve(self, acts, present=None):
         if present is not None:
             acts = [a if i in present else torch.zeros_like(a) for i, a in enumerate(acts)]
-        return self.server(torch.cat(acts, dim=1))
+        return self.server(torch.cat([a.flatten(1) for a in acts], dim=1))
 
 
 def _scores(policy: str, model: _Split, views: list[torch.Tensor], y: torch.Tensor) -> list[float]:
@@ -103,20 +132,23 @@ def _scores(policy: str, model: _Split, views: list[torch.Tensor], y: torch.Tens
         return list(shapley(lambda s: -float(F.cross_entropy(model.serve(views, set(s)), y)), len(views)).values)
 
 
-def _one(cfg: SplitSimConfig, policy: str, seed: int, data) -> dict:
-    streams, y = data
-    xs = [streams[m] for m in MODALITIES]
+def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
+    xs, y = list(suite.streams.values()), suite.labels
+    train, test = suite.train, suite.test
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1000)
-    model = _Split([x.shape[1] for x in xs], cfg.widths, int(y.max()) + 1)
+    widths = suite.widths(cfg.widths)
+    model = _Split([tuple(x.shape[1:]) for x in xs], widths, int(y.max()) + 1, cfg.client, cfg.channels)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    budget = sum(cfg.widths) / cfg.compression
-    equal = list(equal_keep_ratios(cfg.widths, budget).ratios)
+    sizes = model.sizes
+    budget = sum(sizes) / cfg.compression
+    equal = list(equal_keep_ratios(sizes, budget).ratios)
     ratios = equal
-    floor = [max(cfg.explore * e, least_ratio(cfg.compressor, cfg.batch, w)) for e, w in zip(equal, cfg.widths)]
+    floor = [max(cfg.explore * e, least_ratio(cfg.compressor, (cfg.batch, *s)))
+             for e, s in zip(equal, model.out_shapes)]
     history, up, down, server_s, scoring_s = [], 0.0, 0.0, 0.0, 0.0
     for step in range(cfg.steps):
-        idx = torch.randint(0, cfg.train, (cfg.batch,), generator=gen)
+        idx = torch.randint(0, train, (cfg.batch,), generator=gen)
         sent = model.send([x[idx] for x in xs], ratios, cfg.compressor, (seed * 100_003 + step) * 7919)
         t0 = time.perf_counter()
         loss = F.cross_entropy(model.serve([s.view for s in sent]), y[idx])
@@ -130,24 +162,24 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, data) -> dict:
             t0 = time.perf_counter()
             scores = _scores(policy, model, [s.view.detach() for s in sent], y[idx])
             scoring_s += time.perf_counter() - t0
-            ratios = list(keep_ratios(scores, cfg.widths, budget, floor=floor).ratios)
+            ratios = list(keep_ratios(scores, sizes, budget, floor=floor).ratios)
             history.append({"step": step + 1, "scores": scores, "ratios": ratios})
     with torch.no_grad():
-        test = torch.arange(cfg.train, cfg.train + cfg.test)
+        test = torch.arange(train, train + test)
         views = [s.view for s in model.send([x[test] for x in xs], ratios, cfg.compressor, seed * 7919 + 7917)]
         acc = float((model.serve(views).argmax(1) == y[test]).float().mean())
-    dense = cfg.batch * sum(cfg.widths) * 2  # bf16 bytes a step
+    dense = cfg.batch * sum(sizes) * 2  # bf16 bytes a step
     return {"policy": policy, "compressor": cfg.compressor, "budget": cfg.compression, "seed": seed, "accuracy": acc,
-            "ratios": ratios,
-            "uplink_features": sum(r * w for r, w in zip(ratios, cfg.widths)), "budget_features": budget,
+            "dataset": cfg.dataset, "client": cfg.client, "ratios": ratios, "sizes": sizes,
+            "uplink_features": sum(r * w for r, w in zip(ratios, sizes)), "budget_features": budget,
             "uplink_bytes": up / cfg.steps, "downlink_bytes": down / cfg.steps, "dense_bytes": dense,
             "scoring_share": scoring_s / (server_s + scoring_s), "history": history}
 
 
 def run_split_sim(cfg: SplitSimConfig, suite: MultimodalConfig | None = None, progress=None) -> dict:
-    """Every policy on every seed; rows and the mean accuracy per policy."""
-    suite = suite or MultimodalConfig(n=cfg.train + cfg.test)
-    data = make_multimodal(suite)
+    """Every policy on every seed; rows and the mean accuracy per policy. ``suite`` sets the synthetic suite's
+    shape (the other data sets take theirs from ``cfg``)."""
+    data = load_suite(cfg.dataset, root=cfg.data_root, train=cfg.train, test=cfg.test, synthetic=suite)
     rows = []
     for seed in cfg.seeds:
         for policy in cfg.policies:
@@ -155,4 +187,4 @@ def run_split_sim(cfg: SplitSimConfig, suite: MultimodalConfig | None = None, pr
             if progress is not None:
                 progress(f"{policy} seed {seed}")
     mean = {p: sum(r["accuracy"] for r in rows if r["policy"] == p) / len(cfg.seeds) for p in cfg.policies}
-    return {"config": asdict(cfg), "suite": asdict(suite), "rows": rows, "mean_accuracy": mean}
+    return {"config": asdict(cfg), "suite": data.describe(), "rows": rows, "mean_accuracy": mean}

@@ -71,14 +71,14 @@ def test_bad_input_is_refused_by_name():
         send(a, 0.5, "zip")
     with pytest.raises(ConfigError, match="keep-ratio"):
         send(a, 1.5, "random")
-    with pytest.raises(ConfigError, match=r"\[batch, width\]"):
+    with pytest.raises(ConfigError, match=r"\[batch, \.\.\.features\]"):
         send(a[0], 0.5, "random")
 
 
 @pytest.mark.parametrize("method", ["topk", "dct", "quant"])
 @pytest.mark.parametrize("width", [8, 16, 300])
 def test_least_ratio_is_the_smallest_that_sends_anything(method, width):
-    r = least_ratio(method, 32, width)
+    r = least_ratio(method, (32, width))
     a = torch.randn(32, width, generator=torch.Generator().manual_seed(width))
     assert 0 < r <= 1 and send(a, r, method).uplink_bytes > 0
     before = sum(fallback_counts().values())
@@ -89,6 +89,19 @@ def test_least_ratio_is_the_smallest_that_sends_anything(method, width):
 
 
 def test_least_ratio_of_the_random_mask_is_zero_and_unknown_compressors_are_refused():
-    assert least_ratio("random", 32, 16) == 0.0
+    assert least_ratio("random", (32, 16)) == 0.0
     with pytest.raises(ConfigError, match="compressor"):
-        least_ratio("zip", 32, 16)
+        least_ratio("zip", (32, 16))
+
+
+@pytest.mark.parametrize("method", COMPRESSORS)
+def test_feature_maps_keep_their_shape_and_dct_runs_along_space(method):
+    a = torch.randn(16, 4, 64).cumsum(-1).requires_grad_()  # smooth along the last (spatial) axis
+    sent = send(a, 0.25, method, seed=3)
+    slack = 1.1 if method == "random" else 1.0  # the random mask spends the budget in expectation
+    assert sent.view.shape == a.shape and 0 < sent.uplink_bytes <= 0.25 * a.numel() * 2 * slack
+    sent.view.sum().backward()
+    assert a.grad.shape == a.shape and sent.downlink_bytes > 0
+    if method == "dct":  # the smooth lines' energy sits in the low bands: closer than uniform quantization
+        err = lambda v: float((v - a).norm() / a.norm())  # noqa: E731
+        assert err(sent.view.detach()) < 0.5 * err(send(a.detach(), 0.25, "quant", seed=3).view)

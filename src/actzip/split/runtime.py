@@ -7,8 +7,10 @@ channel; the server (:class:`SplitServer`) unpacks them into dense views, runs i
 itself, and sends each modality's gradient back on ``bwd`` with the keep-ratios the client is to use next
 (ModalShare's, from Shapley scores of the batch it has just received, every ``refresh`` steps; or the equal
 ones). Both ends derive every step's mask and rounding seeds from the config, the client's rank and the step,
-so only values, indices and payloads travel. The server serves its clients in turn (sequential split learning);
-:func:`fed_average` averages the clients' encoders (SplitFed), in one process or over a process group.
+so only values, indices and payloads travel. The server serves its clients in turn (sequential split learning,
+one update a client) or in parallel (:meth:`SplitServer.serve_parallel`: every client's batch in one update, the
+clients computing at the same time); :func:`fed_average` averages the clients' encoders (SplitFed), in one process
+or over a process group.
 
 The transport is :class:`~actzip.wire.transport.Transport`: on a :class:`~actzip.wire.backends.DistBackend`
 under torchrun (gloo or NCCL), or on a :class:`~actzip.wire.backends.LoopbackBackend` with every party in one
@@ -73,7 +75,7 @@ class SplitConfig:
     def floor(self, batch: int) -> list[float]:
         """ModalShare's least keep-ratio per modality: ``explore`` of the equal one, and at least the
         compressor's smallest sendable payload for a ``batch`` (a modality never sent is never scored again)."""
-        return [max(self.explore * e, least_ratio(self.compressor, batch, s, self.value_bits))
+        return [max(self.explore * e, least_ratio(self.compressor, (batch, s), self.value_bits))
                 for e, s in zip(self.equal_ratios(), self.sizes)]
 
     def link(self, modality: int, ratio: float, client: int, step: int) -> Link:
@@ -171,8 +173,7 @@ class SplitServer:
     def _loss(self, views: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
         return self.loss_fn(self.model(torch.cat(views, dim=1)), labels)
 
-    def serve(self, client: int) -> float:
-        """One batch of ``client``: receive, update, send the gradients back; the loss."""
+    def _receive(self, client: int) -> tuple:
         msg = self.transport.recv(client, channel="fwd")
         labels = msg.items["labels"]
         step, cfg = self.steps[client], self.config
@@ -183,18 +184,40 @@ class SplitServer:
             links.append(link)
             views.append(v.requires_grad_())
             kept.append(k)
-        loss = self._loss(views, labels)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
+        return views, links, kept, labels
+
+    def _reply(self, client: int, got: tuple) -> None:
+        views, links, kept, labels = got
         out = {}
         for i, (v, link, k) in enumerate(zip(views, links, kept)):
             out.update({f"m{i}/{n}": t for n, t in pack_grad(v.grad, link, k).items()})
-        self.steps[client] = step + 1
-        if cfg.policy == "modalshare" and self.steps[client] % cfg.refresh == 0:
+        self.steps[client] += 1
+        if self.config.policy == "modalshare" and self.steps[client] % self.config.refresh == 0:
             self._refresh(client, [v.detach() for v in views], labels)
         out["ratios"] = torch.tensor(self.ratios[client], dtype=torch.float64)
         self.transport.send(client, out, channel="bwd")
+
+    def serve(self, client: int) -> float:
+        """One batch of ``client``: receive, update, send the gradients back; the loss."""
+        got = self._receive(client)
+        loss = self._loss(got[0], got[3])
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self._reply(client, got)
+        return float(loss.detach())
+
+    def serve_parallel(self) -> float:
+        """One batch of every client at once (the clients computed theirs in parallel): one forward and backward
+        of the server on all of them together, one update, each client's gradients sent back; the mean loss."""
+        got = [self._receive(c) for c in self.clients]
+        views = [torch.cat([g[0][i] for g in got]) for i in range(len(self.config.sizes))]
+        loss = self._loss(views, torch.cat([g[3] for g in got]))
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        for c, g in zip(self.clients, got):
+            self._reply(c, g)
         return float(loss.detach())
 
     def _refresh(self, client: int, views: list[torch.Tensor], labels: torch.Tensor) -> None:
@@ -207,8 +230,11 @@ class SplitServer:
         self.history.append({"client": client, "step": self.steps[client], "scores": list(scores.values),
                              "ratios": list(self.ratios[client])})
 
-    def step(self) -> list[float]:
-        """One batch of every client, in turn (clients in other processes); the losses."""
+    def step(self, parallel: bool = False) -> list[float]:
+        """One batch of every client (clients in other processes): in turn, one update each, or ``parallel``:
+        all batches in one update (:meth:`serve_parallel`); the losses."""
+        if parallel:
+            return [self.serve_parallel()]
         return [self.serve(c) for c in self.clients]
 
     def finish(self) -> None:

@@ -15,6 +15,9 @@ spends them its own way (:data:`COMPRESSORS`):
 - ``quant``: uniform min-max quantization (:mod:`actzip.codecs.quant`, one group a sample) at the largest of 1,
   2, 4, 8 bits whose payload fits, the gradient likewise: the baseline SL-FAC is measured against.
 
+Activations are ``[batch, ...]``: ``dct`` runs along their last axis as they are (a convolutional client's
+feature maps, space last, whose spectrum SL-FAC exploits), the others see them as ``[batch, features]``.
+
 A ratio too small for anything of a modality to fit leaves it out: nothing is sent and the server sees zeros
 (announced once per compressor and width, counted in ``actzip.kernels.runtime.fallback_counts()``).
 
@@ -103,14 +106,16 @@ def _codec(method: str, bits: float, width: int, seed: int):
 
 
 @functools.lru_cache(maxsize=256)
-def least_ratio(method: str, batch: int, width: int, value_bits: int = 16) -> float:
-    """The smallest keep-ratio at which ``method`` sends anything of a ``[batch, width]`` modality (0 for
+def least_ratio(method: str, shape: tuple[int, ...], value_bits: int = 16) -> float:
+    """The smallest keep-ratio at which ``method`` sends anything of a modality of ``shape`` (0 for
     ``random``, whose expected payload is any share): one value and its index a sample for ``topk``, the
     coarsest bits' payload with its parameters (and the byte naming the bits) for ``dct`` and ``quant``.
     Allocators give every modality at least this (:func:`actzip.split.keep_ratios`'s ``floor``), else a
     modality scored out is never sent again and never scored again."""
     if method not in COMPRESSORS:
         raise ConfigError(f"split uplink: compressor must be one of {COMPRESSORS}, got {method!r}")
+    shape = tuple(int(n) for n in shape)
+    batch, width = shape[0], math.prod(shape[1:])
     dense_bits = batch * width * value_bits
     if method == "random":
         return 0.0
@@ -119,19 +124,26 @@ def least_ratio(method: str, batch: int, width: int, value_bits: int = 16) -> fl
         need = batch * per * 8 / dense_bits
     else:
         grid = DCT_BITS if method == "dct" else _QUANT_BITS
-        sample = torch.randn(batch, width, generator=torch.Generator().manual_seed(0))  # the size is the shape's
-        payload = _codec(method, grid[-1], width, 0).encode(sample, name="least ratio probe")
+        sample = torch.randn(_wire_shape(shape, method), generator=torch.Generator().manual_seed(0))
+        payload = _codec(method, grid[-1], sample.shape[-1], 0).encode(sample, name="least ratio probe")  # its size is the shape's
         need = max((payload.nbytes + 1) * 8 / dense_bits, grid[-1] / value_bits)
     return min(1.0, need * (1 + 1e-9))  # a hair over: pack's fit tests must pass at exactly this ratio
 
 
+def _wire_shape(shape: tuple[int, ...], method: str) -> tuple[int, ...]:
+    """The shape a compressor works on: ``dct`` runs along the last axis of the activations as they are (a
+    convolutional client's feature maps, space last: the spectrum SL-FAC exploits), the others see
+    ``[batch, features]``."""
+    return tuple(shape) if method == "dct" else (shape[0], math.prod(shape[1:]))
+
+
 def pack(a: torch.Tensor, link: Link) -> Packed:
-    """The items the client sends of ``a`` (``[batch, width]``, detached is fine) under ``link``."""
-    if a.dim() != 2:
-        raise ConfigError(f"split uplink: activations must be [batch, width], got shape {tuple(a.shape)}")
-    batch, width = a.shape
+    """The items the client sends of ``a`` (``[batch, ...]``, detached is fine) under ``link``."""
+    if a.dim() < 2:
+        raise ConfigError(f"split uplink: activations must be [batch, ...features], got shape {tuple(a.shape)}")
     wire = torch.bfloat16 if link.value_bits == 16 else a.dtype
-    a = a.detach()
+    a = a.detach().reshape(_wire_shape(tuple(a.shape), link.method))
+    width = a.shape[-1]
     if link.ratio == 0:
         return Packed()
     if link.method == "random":
@@ -157,25 +169,27 @@ def pack(a: torch.Tensor, link: Link) -> Packed:
     return _left_out(link, width)
 
 
-def unpack(items: dict, link: Link, shape: tuple[int, int], dtype: torch.dtype, device) -> tuple[torch.Tensor, object]:
-    """The server's dense view of what :func:`pack` sent (zeros for a modality left out), and what it keeps to
-    send the gradient back."""
-    batch, width = shape
+def unpack(items: dict, link: Link, shape: tuple[int, ...], dtype: torch.dtype, device) -> tuple[torch.Tensor, object]:
+    """The server's dense view (of ``shape``) of what :func:`pack` sent (zeros for a modality left out), and
+    what it keeps to send the gradient back."""
+    shape = tuple(shape)
+    wshape = _wire_shape(shape, link.method)
     if not items:
         return torch.zeros(shape, dtype=dtype, device=device), None
     if link.method == "random":
         values = items["values"].to(device=device, dtype=dtype)
         if link.ratio == 1:
             return values.reshape(shape), None
-        keep = _mask(shape, link.ratio, link.seed, device)
-        return torch.zeros(shape, dtype=dtype, device=device).masked_scatter(keep, values / link.ratio), keep
+        keep = _mask(wshape, link.ratio, link.seed, device)
+        view = torch.zeros(wshape, dtype=dtype, device=device).masked_scatter(keep, values / link.ratio)
+        return view.reshape(shape), keep
     if link.method == "topk":
         idx = items["index"].to(device=device, dtype=torch.int64)
-        view = torch.zeros(shape, dtype=dtype, device=device)
-        return view.scatter(1, idx, items["values"].to(device=device, dtype=dtype)), idx
+        view = torch.zeros(wshape, dtype=dtype, device=device)
+        return view.scatter(1, idx, items["values"].to(device=device, dtype=dtype)).reshape(shape), idx
     grid = DCT_BITS if link.method == "dct" else _QUANT_BITS
-    codec = _codec(link.method, grid[int(items["bits"][0])], width, link.seed)
-    return codec.decode(items["payload"]).to(device=device, dtype=dtype), codec
+    codec = _codec(link.method, grid[int(items["bits"][0])], wshape[-1], link.seed)
+    return codec.decode(items["payload"]).to(device=device, dtype=dtype).reshape(shape), codec
 
 
 def pack_grad(g: torch.Tensor, link: Link, kept) -> dict:
@@ -183,6 +197,7 @@ def pack_grad(g: torch.Tensor, link: Link, kept) -> dict:
     wire = torch.bfloat16 if link.value_bits == 16 else g.dtype
     if link.ratio == 0 or (kept is None and link.method != "random"):
         return {}
+    g = g.reshape(_wire_shape(tuple(g.shape), link.method))
     if link.method == "random":
         values = g.reshape(-1) if kept is None else g[kept] / link.ratio
         return {"values": values.to(wire)}
@@ -195,21 +210,24 @@ def unpack_grad(items: dict, link: Link, packed: Packed, shape, dtype, device) -
     """The gradient of the client's activations from the server's items (None for a modality left out)."""
     if not items:
         return None
+    shape = tuple(shape)
+    wshape = _wire_shape(shape, link.method)
     if link.method == "random":
         values = items["values"].to(device=device, dtype=dtype)
         if packed.keep is None:
             return values.reshape(shape)
-        return torch.zeros(shape, dtype=dtype, device=device).masked_scatter(packed.keep, values)
+        return torch.zeros(wshape, dtype=dtype, device=device).masked_scatter(packed.keep, values).reshape(shape)
     if link.method == "topk":
-        return torch.zeros(shape, dtype=dtype, device=device).scatter(1, packed.keep, items["values"].to(dtype))
-    return packed.keep.decode(items["payload"]).to(device=device, dtype=dtype)
+        g = torch.zeros(wshape, dtype=dtype, device=device).scatter(1, packed.keep, items["values"].to(dtype))
+        return g.reshape(shape)
+    return packed.keep.decode(items["payload"]).to(device=device, dtype=dtype).reshape(shape)
 
 
 @dataclass
 class Sent:
     """One modality through :func:`send`: the server's view, and the bytes that crossed the link each way."""
 
-    view: torch.Tensor | None = None  # [batch, width]: what the server computes on; backward reaches the client
+    view: torch.Tensor | None = None  # the activations' shape: what the server computes on; backward reaches the client
     uplink_bytes: float = 0.0
     downlink_bytes: float = 0.0  # the gradient's way back, once backward has run
 
@@ -231,7 +249,7 @@ class _Link(torch.autograd.Function):
 
 
 def send(a: torch.Tensor, ratio: float, method: str, *, seed: int = 0, value_bits: int = 16) -> Sent:
-    """``a`` (``[batch, width]``) through :func:`pack` and :func:`unpack` in one process: the server's view, which
+    """``a`` (``[batch, ...]``) through :func:`pack` and :func:`unpack` in one process: the server's view, which
     autograd links back to ``a`` by the compressor's downlink rule, and the bytes each way."""
     link = Link(method, ratio, seed, value_bits)
     packed = pack(a, link)

@@ -34,7 +34,8 @@ def _bench_split(args: argparse.Namespace) -> int:
         for cell in cells:
             records.append(run_split_sim(cell, progress=lambda done: bar.update(task, advance=1, description=done)))
     for cell, record in zip(cells, records):
-        table = Table(title=f"split learning, {cell.compressor} uplink at {cell.compression:g}x, "
+        table = Table(title=f"split learning on {cell.dataset} ({cell.client} client), {cell.compressor} uplink at "
+                            f"{cell.compression:g}x, "
                             f"{len(cell.seeds)} seed(s)")
         for col in ("policy", "mean accuracy", "per seed", "uplink / dense bf16", "final ratios (seed 0)"):
             table.add_column(col)
@@ -58,10 +59,17 @@ def add_parsers(bench) -> None:
     sb = bench.add_parser("split", help="split learning: keep-ratio policies at one budget under one compressor")
     sb.add_argument("--compression", type=float, help="the modalities' dense bf16 payload / the payload sent")
     sb.add_argument("--compressor", help="random, topk, dct (SL-FAC) or quant (default random)")
+    sb.add_argument("--dataset", help="synthetic (default), digits, spoken-digits (needs espeak-ng), crema-d or mvsa "
+                    "(read from --data-root)")
+    sb.add_argument("--data-root", help="the local copy of crema-d or mvsa")
+    sb.add_argument("--client", help="linear (default) or conv: spatial modalities through a convolution, feature "
+                    "maps sent with space last (what SL-FAC's DCT runs along)")
+    sb.add_argument("--channels", type=int, help="feature maps of a convolutional encoder (default 8)")
     sb.add_argument("--policies", help="comma-separated (default: equal,equal-payload,gradient-norm,std,modalshare)")
     sb.add_argument("--steps", type=int)
     sb.add_argument("--refresh", type=int, help="steps between ModalShare's score refreshes")
-    sb.add_argument("--explore", type=float, help="share of the equal allocation mixed into ModalShare's")
+    sb.add_argument("--explore", type=float, help="share of its equal keep-ratio every modality keeps under the "
+                    "score-driven policies (default 0.1)")
     sb.add_argument("--seeds", help="comma-separated (default 0,1,2)")
     sb.add_argument("--quick", action="store_true",
                     help="random, topk and dct at 5x, one seed, 200 steps, in one record (a few minutes on 2 cores)")
