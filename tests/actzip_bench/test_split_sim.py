@@ -34,6 +34,11 @@ def test_every_compressor_stays_within_the_budget(compressor):
 
 
 def test_bad_settings_are_refused():
-    for bad in ({"widths": (8, 8)}, {"compression": 0.5}, {"policies": ("equal", "oracle")}, {"compressor": "zip"}):
+    for bad in ({"widths": (8, 0)}, {"compression": 0.5}, {"policies": ("equal", "oracle")}, {"compressor": "zip"},
+                {"dataset": "mnist"}, {"client": "mlp"}, {"channels": 0}):
         with pytest.raises(ConfigError):
             SplitSimConfig(**bad)
+    with pytest.raises(ConfigError, match="one entry per modality"):
+        run_split_sim(SplitSimConfig(widths=(8, 8), steps=1, seeds=(0,), train=10, test=10))
+    with pytest.raises(ConfigError, match="data_root"):
+        run_split_sim(SplitSimConfig(dataset="mvsa", steps=1, seeds=(0,)))
