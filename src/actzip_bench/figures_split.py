@@ -9,7 +9,17 @@ from pathlib import Path
 from actzip.errors import ConfigError
 from actzip_bench.figure_helpers import cite, load
 
-RUNS = ("results/cpu/split-sim-5.json", "results/cpu/split-sim-10.json")
+RUNS = ("results/cpu/split-grid/random-5.json", "results/cpu/split-grid/random-10.json")
+
+
+def _sizes(rec: dict) -> list[int]:
+    """Features each modality sends (rows carry them; older records only their config's widths)."""
+    return rec["rows"][0].get("sizes") or rec["config"]["widths"]
+
+
+def _floor_note(c: dict) -> str:
+    return (f"every modality keeping at least {c['explore']:g} of its equal keep-ratio and the compressor's smallest "
+            "sendable payload")
 
 
 def modalshare(root: Path) -> str:
@@ -27,11 +37,9 @@ def modalshare(root: Path) -> str:
                      f"{', '.join(f'{v:.2f}' for v in ratios)} |")
     c = recs[0]["config"]
     lines += ["", f"Test accuracy, mean of {len(c['seeds'])} seeds (their range in brackets), {c['steps']} steps, "
-              f"client widths {', '.join(map(str, c['widths']))} features, random-mask uplink, ModalShare refreshed "
-              f"every {c['refresh']} steps with {c['explore']:g} of the equal allocation mixed in "
-              f"{cite(*RUNS)}."]
+              f"client widths {', '.join(map(str, _sizes(recs[0])))} features, random-mask uplink, ModalShare "
+              f"refreshed every {c['refresh']} steps, {_floor_note(c)} {cite(*RUNS)}."]
     return "\n".join(lines)
-
 
 
 GRID = "results/cpu/split-grid"  # one `actzip bench split` record per compressor and compression
@@ -39,14 +47,23 @@ POLICY_LABELS = {"equal": "equal", "equal-payload": "equal payload", "gradient-n
                  "std": "SplitFC-style std", "modalshare": "ModalShare"}
 
 
-def _grid(root: Path) -> dict[tuple[str, float], dict]:
+def _grid(root: Path, grid: str = GRID) -> dict[tuple[str, float], dict]:
     recs = {}
-    for path in sorted((root / GRID).glob("*.json")):
-        rec = load(root, f"{GRID}/{path.name}")
+    for path in sorted((root / grid).glob("*.json")):
+        rec = load(root, f"{grid}/{path.name}")
         recs[(rec["config"]["compressor"], rec["config"]["compression"])] = rec
     if not recs:
-        raise ConfigError(f"figure: no records in {GRID}")
+        raise ConfigError(f"figure: no records in {grid}")
     return recs
+
+
+def _about(rec: dict) -> str:
+    """The data set, the client and the modalities' sizes of a grid's records."""
+    c, suite = rec["config"], rec.get("suite", {})
+    names = list(suite.get("modalities", {})) or ["image", "sensor", "distractor"]
+    client = c.get("client", "linear")
+    what = f"{c.get('dataset', 'synthetic')} data, {client} client"
+    return f"{what}, {', '.join(f'{n} {s}' for n, s in zip(names, _sizes(rec)))} features sent"
 
 
 def _acc(rec: dict, policy: str) -> str:
@@ -54,9 +71,9 @@ def _acc(rec: dict, policy: str) -> str:
     return f"{sum(accs) / len(accs):.1%} ({min(accs):.1%}–{max(accs):.1%})"
 
 
-def policy_grid(root: Path) -> str:
+def policy_grid(root: Path, grid: str = GRID) -> str:
     """Every policy's accuracy under the three compressors of the policy comparison, at each compression."""
-    recs = _grid(root)
+    recs = _grid(root, grid)
     policies = [p for p in POLICY_LABELS if all(p in r["mean_accuracy"] for (c, _), r in recs.items() if c != "quant")]
     lines = ["| compressor | compression | " + " | ".join(POLICY_LABELS[p] for p in policies)
              + " | ModalShare − equal | ModalShare − best other |", "|---|---:|" + "---:|" * (len(policies) + 2)]
@@ -72,20 +89,20 @@ def policy_grid(root: Path) -> str:
         shares += [r["scoring_share"] for r in rec["rows"] if r["policy"] == "modalshare"]
         lines.append(f"| {comp} | {x:g}x | " + " | ".join(_acc(rec, p) for p in policies)
                      + f" | {(m['modalshare'] - m['equal']) * 100:+.1f} | {(m['modalshare'] - best_other) * 100:+.1f} |")
-    c = next(iter(recs.values()))["config"]
-    lines += ["", f"Test accuracy, mean of {len(c['seeds'])} seeds (lowest–highest), {c['steps']} steps, client widths "
-              f"{', '.join(map(str, c['widths']))} features (image, sensor, distractor), every policy refreshed every "
-              f"{c['refresh']} steps with {c['explore']:g} of the equal allocation mixed in, each spending "
-              f"1 / compression of the dense bf16 payload. ModalShare against equal keep-ratios: "
-              f"{min(gains) * 100:+.1f} to {max(gains) * 100:+.1f} points; against the best other policy: "
-              f"{min(margins) * 100:+.1f} to {max(margins) * 100:+.1f} points. Its Shapley scoring took "
-              f"{min(shares):.1%} to {max(shares):.1%} of the server's compute (`{GRID}/`)."]
+    first = next(iter(recs.values()))
+    c = first["config"]
+    lines += ["", f"Test accuracy, mean of {len(c['seeds'])} seeds (lowest–highest), {c['steps']} steps, "
+              f"{_about(first)}; every score-driven policy refreshed every {c['refresh']} steps, "
+              f"{_floor_note(c)}; each spending 1 / compression of the dense bf16 payload. ModalShare against equal "
+              f"keep-ratios: {min(gains) * 100:+.1f} to {max(gains) * 100:+.1f} points; against the best other "
+              f"policy: {min(margins) * 100:+.1f} to {max(margins) * 100:+.1f} points. Its Shapley scoring took "
+              f"{min(shares):.1%} to {max(shares):.1%} of the server's compute (`{grid}/`)."]
     return "\n".join(lines)
 
 
-def codec_grid(root: Path) -> str:
+def codec_grid(root: Path, grid: str = GRID) -> str:
     """The compressors against each other at equal keep-ratios and equal bytes."""
-    recs = _grid(root)
+    recs = _grid(root, grid)
     comps = [c for c in ("random", "topk", "dct", "quant") if any(k[0] == c for k in recs)]
     xs = sorted({x for _, x in recs})
     lines = ["| compression | " + " | ".join(comps) + " |", "|---:|" + "---:|" * len(comps)]
@@ -100,10 +117,19 @@ def codec_grid(root: Path) -> str:
             sent = sum(r["uplink_bytes"] / r["dense_bytes"] for r in rows) / len(rows)
             cells.append(f"{_acc(rec, 'equal')}, {sent:.3f} sent")
         lines.append(f"| {x:g}x | " + " | ".join(cells) + " |")
-    lines += ["", "Equal keep-ratios; test accuracy, mean of the seeds (lowest–highest), and the uplink bytes sent as "
-              "a share of the dense bf16 payload (the payloads' own bytes; a compressor that cannot fit a "
-              f"modality's share sends nothing of it) (`{GRID}/`)."]
+    lines += ["", f"On {_about(next(iter(recs.values())))}; equal keep-ratios; test accuracy, mean of the seeds "
+              "(lowest–highest), and the uplink bytes sent as a share of the dense bf16 payload (the payloads' own "
+              f"bytes; a compressor that cannot fit a modality's share sends nothing of it) (`{grid}/`)."]
     return "\n".join(lines)
 
 
-RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "split-codecs": codec_grid}
+DATASET_GRIDS = {"digits": "results/cpu/split-digits", "spoken-digits": "results/cpu/split-spoken-digits"}
+
+
+def _for(render, grid):
+    return lambda root: render(root, grid)
+
+
+RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "split-codecs": codec_grid,
+             **{f"split-policies-{name}": _for(policy_grid, grid) for name, grid in DATASET_GRIDS.items()},
+             **{f"split-codecs-{name}": _for(codec_grid, grid) for name, grid in DATASET_GRIDS.items()}}
