@@ -15,4 +15,10 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q "${ACTZIP_TORCH:-torch==2.13.0}"
 fi
 .venv/bin/python -m pip install -q -e ".[test,bench]"
+# espeak-ng synthesizes the split benchmark's spoken-digits audio; its tests skip (and say why) without it.
+if ! command -v espeak-ng >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing espeak-ng (Debian package)"
+  apt-get install -y -qq espeak-ng >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq espeak-ng >/dev/null 2>&1; } \
+    || echo "espeak-ng could not be installed: the spoken-digits tests will be skipped"
+fi
 .venv/bin/python -c "import actzip, torch; print(f'actzip {actzip.__version__} on torch {torch.__version__}')"

@@ -23,7 +23,7 @@ from actzip.errors import ConfigError
 
 __all__ = ["check_header", "header", "id_bytes", "pack_ids", "unpack_ids"]
 
-KINDS = ("dense", "subspace", "bottleneck", "stiefel")  # boundary kinds a header can name in an error
+KINDS = ("dense", "subspace", "bottleneck", "stiefel", "pca")  # boundary kinds a header can name in an error
 
 
 def id_bytes(vocab_size: int) -> int:

@@ -2,8 +2,8 @@
 
 - :mod:`~actzip.wire.boundaries.config`: one config per kind, and the ratio-to-width rule;
 - :mod:`~actzip.wire.boundaries.ends`: the sender and receiver base classes and their runner hooks;
-- :mod:`~actzip.wire.boundaries.dense`, :mod:`~.subspace`, :mod:`~.bottleneck`, :mod:`~.stiefel`: the ends of
-  each kind (``subspace`` also gives the model surgery its stream needs: :func:`confine_to_subspace`);
+- :mod:`~actzip.wire.boundaries.dense`, :mod:`~.subspace`, :mod:`~.bottleneck`, :mod:`~.stiefel`,
+  :mod:`~.principal` (``pca``): the ends of each kind (``subspace`` also gives the model surgery its stream needs: :func:`confine_to_subspace`);
 - :mod:`~actzip.wire.boundaries.build`: configs and ends from a spec string (``"stiefel:16,anchor_rank=8"``).
 
 Example::
@@ -28,11 +28,13 @@ from actzip.wire.boundaries.config import (
     BottleneckConfig,
     BoundaryConfig,
     DenseConfig,
+    PCAConfig,
     StiefelConfig,
     SubspaceConfig,
     code_width,
 )
 from actzip.wire.boundaries.ends import BoundaryEnd, BoundaryReceiver, BoundarySender
+from actzip.wire.boundaries.principal import PCAReceiver, PCASender, principal_basis
 from actzip.wire.boundaries.stiefel import StiefelReceiver, StiefelSender
 from actzip.wire.boundaries.subspace import (
     SubspaceEmbedding,
@@ -44,7 +46,7 @@ from actzip.wire.protocol import id_bytes
 
 __all__ = [
     "BOUNDARIES", "BottleneckConfig", "BoundaryConfig", "BoundaryEnd", "BoundaryReceiver", "BoundarySender",
-    "DenseConfig", "StiefelConfig", "StiefelReceiver", "StiefelSender", "SubspaceConfig", "SubspaceEmbedding",
+    "DenseConfig", "PCAConfig", "PCAReceiver", "PCASender", "StiefelConfig", "StiefelReceiver", "StiefelSender", "SubspaceConfig", "SubspaceEmbedding",
     "SubspaceLinear", "boundary_config", "code_width", "confine_to_subspace", "format_boundary", "id_bytes",
-    "make_boundary", "parse_boundary", "parse_boundary_options", "subspace_tensors",
+    "make_boundary", "parse_boundary", "parse_boundary_options", "principal_basis", "subspace_tensors",
 ]

@@ -1,4 +1,5 @@
-"""Boundary ends by spec string: ``"dense"``, ``"subspace:100"``, ``"stiefel:16,anchor_rank=256,tie=true"``.
+"""Boundary ends by spec string: ``"dense"``, ``"subspace:100"``, ``"stiefel:16,anchor_rank=256,tie=true"``,
+``"pca:16,refresh=8"``.
 
 The grammar is :mod:`actzip.core.spec`'s (``name:option=value,...``), with one shorthand: a first option
 without ``=`` is the forward compression ``ratio`` (``"stiefel:16"`` is ``"stiefel:ratio=16"``). Every other
@@ -20,12 +21,14 @@ from actzip.wire.boundaries.config import (
     BottleneckConfig,
     BoundaryConfig,
     DenseConfig,
+    PCAConfig,
     StiefelConfig,
     SubspaceConfig,
     code_width,
 )
 from actzip.wire.boundaries.dense import DenseReceiver, DenseSender
 from actzip.wire.boundaries.ends import BoundaryReceiver, BoundarySender
+from actzip.wire.boundaries.principal import PCAReceiver, PCASender
 from actzip.wire.boundaries.stiefel import StiefelReceiver, StiefelSender
 from actzip.wire.boundaries.subspace import SubspaceReceiver, SubspaceSender
 from actzip.wire.protocol import id_bytes
@@ -33,7 +36,7 @@ from actzip.wire.protocol import id_bytes
 __all__ = ["BOUNDARIES", "boundary_config", "format_boundary", "make_boundary", "parse_boundary",
            "parse_boundary_options"]
 
-BOUNDARIES = ("dense", "subspace", "bottleneck", "stiefel", "stiefel-rvq")  # boundary spec names
+BOUNDARIES = ("dense", "subspace", "bottleneck", "stiefel", "stiefel-rvq", "pca")  # boundary spec names
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 _ENDS = {
@@ -41,6 +44,7 @@ _ENDS = {
     "subspace": (SubspaceSender, SubspaceReceiver),
     "bottleneck": (BottleneckSender, BottleneckReceiver),
     "stiefel": (StiefelSender, StiefelReceiver),
+    "pca": (PCASender, PCAReceiver),
 }
 
 
@@ -120,6 +124,8 @@ def boundary_config(
         out: BoundaryConfig = DenseConfig(**common)
     elif name == "bottleneck":
         out = BottleneckConfig(width=code_width(d, ratio, dense_dtype=act_dtype, code_dtype=code_dtype), **common)
+    elif name == "pca":
+        out = PCAConfig(width=code_width(d, ratio, dense_dtype=act_dtype, code_dtype=code_dtype), **common)
     else:
         vocab = {"vocab_size": vocab_size, "block_size": block_size}
         side = id_bytes(vocab_size) if options.get("anchor_rank", 1) else 0

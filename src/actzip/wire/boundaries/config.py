@@ -1,5 +1,5 @@
 """The configs of the stage-boundary ends: one dataclass per kind (``dense``, ``subspace``, ``bottleneck``,
-``stiefel``; ``stiefel`` with ``rvq`` is ``stiefel-rvq``).
+``stiefel``, ``pca``; ``stiefel`` with ``rvq`` is ``stiefel-rvq``).
 
 Compression ratio, as reported everywhere in actzip: *dense bytes per token / compressed bytes per token*,
 forward direction, where dense bytes = ``n_embd * itemsize(activation dtype)`` and compressed bytes = code
@@ -26,7 +26,8 @@ from actzip.errors import ConfigError
 from actzip.wire.protocol import id_bytes
 from actzip.wire.stiefel import RETRACTIONS
 
-__all__ = ["BottleneckConfig", "BoundaryConfig", "DenseConfig", "StiefelConfig", "SubspaceConfig", "code_width"]
+__all__ = ["BottleneckConfig", "BoundaryConfig", "DenseConfig", "PCAConfig", "StiefelConfig", "SubspaceConfig",
+           "code_width"]
 
 _CODE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
 
@@ -160,6 +161,25 @@ class BottleneckConfig(BoundaryConfig):
     """ResBM: z = x[..., :b] + enc(LN(x)) on the sender, x = [z, 0] + dec(z) on the receiver."""
 
     kind: ClassVar[str] = "bottleneck"
+
+
+@dataclass
+class PCAConfig(BoundaryConfig):
+    """The sender's principal subspace: ``(x - mu) U`` sent, ``mu + code U^T`` rebuilt, ``U`` the top-``width``
+    eigenvectors of the covariance of the sender's recent outputs (the ends are in
+    :mod:`actzip.wire.boundaries.principal`)."""
+
+    kind: ClassVar[str] = "pca"
+    local_fields: ClassVar[tuple[str, ...]] = ("refresh", "decay")  # only the sender uses them
+
+    refresh: int = 8  # optimizer steps between two bases (each sent once, d * (width + 1) float32)
+    decay: float = 0.5  # weight of the old statistics when a refresh folds in the new ones (0: the new alone)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_int("PCAConfig", "refresh", self.refresh)
+        if isinstance(self.decay, bool) or not isinstance(self.decay, (int, float)) or not 0.0 <= self.decay < 1.0:
+            raise ConfigError(f"PCAConfig.decay must be a number in [0, 1), got {self.decay!r}")
 
 
 @dataclass
