@@ -32,7 +32,7 @@ from actzip_bench.harness import machine_record
 from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
 
-__all__ = ["pretrain", "run_decentralized", "summarize"]
+__all__ = ["merge_records", "pretrain", "run_decentralized", "summarize"]
 
 
 def pretrain(cfg: DecentralizedBenchConfig, seed: int, corpus, device: torch.device | None = None) -> list[dict]:
@@ -192,3 +192,24 @@ def run_decentralized(cfg: DecentralizedBenchConfig, progress: Callable[[str], N
     rows = summarize(cfg, runs)
     return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
             "machine": machine_record(device)}
+
+
+def merge_records(records: list[dict]) -> dict:
+    """One record from runs of the same config on other seeds (run side by side), aggregated again."""
+    if not records:
+        raise ActzipError("bench decentralized --merge: no record given")
+    first = records[0]
+    same = {k: v for k, v in first["config"].items() if k != "seeds"}
+    seeds = []
+    for i, rec in enumerate(records):
+        if {k: v for k, v in rec["config"].items() if k != "seeds"} != same:
+            raise ActzipError(f"bench decentralized --merge: record {i} ran another config than the first record")
+        seeds += list(rec["config"]["seeds"])
+    if len(set(seeds)) != len(seeds):
+        raise ActzipError(f"bench decentralized --merge: seeds repeat across the records: {seeds}")
+    fields = {k: tuple(tuple(x) for x in v) if k == "links" else tuple(v) if isinstance(v, list) else v
+              for k, v in {**first["config"], "seeds": seeds}.items()}
+    cfg = DecentralizedBenchConfig(**fields)
+    rows = [row for rec in records for row in rec["rows"]]
+    return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
+            "machine": first["machine"], "merged_from": [rec.get("command") for rec in records]}

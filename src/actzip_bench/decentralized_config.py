@@ -10,7 +10,7 @@ from actzip.wire.dp import DPConfig, OuterConfig
 from actzip.wire.mesh import TwoCircuitConfig
 from actzip_bench.models.gpt import GPTConfig
 
-__all__ = ["MASK", "METHODS", "TOPK_MASK", "TASKS", "TRIVIAL", "DecentralizedBenchConfig", "method_codecs", "method_circuits"]
+__all__ = ["BOUNDARY", "MASK", "METHODS", "method_boundary", "TOPK_MASK", "TASKS", "TRIVIAL", "DecentralizedBenchConfig", "method_codecs", "method_circuits"]
 
 MASK_KEEP = 0.125  # the masks' default keep (DecentralizedBenchConfig.mask_keep sets another)
 MASK = f"mask:keep={MASK_KEEP},mode=random+quant:bits=8"  # the fast circuit's boundary mask, both ways
@@ -43,7 +43,13 @@ METHODS = {
     "int2-mask-backward": ("quant:bits=2", MASK, "bf16", None),
     "delta-mask-backward": ("delta:bits=4", MASK, "bf16", None),
     "delta2-mask-backward": ("delta:bits=2", MASK, "bf16", None),
+    # and after all of those: the principal-subspace boundary (the sender's top principal directions, as many
+    # values a token as the masks keep), its codes and their gradients in 8 bits
+    "pca": ("quant:bits=8", "quant:bits=8", "bf16", None),
+    "pca+topk": ("quant:bits=8", "quant:bits=8", "topk", None),
+    "pca+diloco": ("quant:bits=8", "quant:bits=8", "diloco", None),
 }
+BOUNDARY = {m: "pca" for m in ("pca", "pca+topk", "pca+diloco")}  # method -> boundary kind (others: dense)
 TRIVIAL = ("bf16", "int8", "int4", "delta")  # the baselines a user would otherwise pick
 TASKS = {"domain": "prose", "continual": "code_late"}  # task -> corpus trained on after pretraining on code_early
 
@@ -116,6 +122,12 @@ def method_codecs(method: str, cfg: DecentralizedBenchConfig | None = None) -> t
     keep = MASK_KEEP if cfg is None else cfg.mask_keep
     at = lambda spec: spec.replace(f"keep={MASK_KEEP}", f"keep={keep:g}")  # noqa: E731
     return at(fwd), at(bwd)
+
+
+def method_boundary(method: str, cfg: DecentralizedBenchConfig) -> str:
+    """The boundary spec of ``method``'s stages: ``dense``, or ``pca`` keeping ``cfg.mask_keep`` of the width."""
+    kind = BOUNDARY.get(method, "dense")
+    return kind if kind == "dense" else f"{kind}:{1 / cfg.mask_keep:g}"
 
 
 def method_circuits(method: str, cfg: DecentralizedBenchConfig) -> TwoCircuitConfig:

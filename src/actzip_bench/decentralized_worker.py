@@ -18,7 +18,8 @@ from actzip.errors import ActzipError
 from actzip.wire import PipelineConfig
 from actzip.wire.mesh import Mesh, TwoCircuit
 from actzip_bench.data.domains import domain_corpora
-from actzip_bench.decentralized_config import TASKS, DecentralizedBenchConfig, method_circuits, method_codecs
+from actzip_bench.decentralized_config import (TASKS, DecentralizedBenchConfig, method_boundary, method_circuits,
+                                               method_codecs)
 from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
 
@@ -45,9 +46,13 @@ def _val_loss(tc: TwoCircuit, corpus, cfg: DecentralizedBenchConfig, seed: int) 
 def run_one(mesh: Mesh, cfg: DecentralizedBenchConfig, states: list, corpus, seed: int, method: str,
             device: torch.device) -> list | None:
     """Train ``method`` on ``corpus`` from the pretrained ``states``; every rank's record on rank 0."""
-    stages = build_gpt_stages(cfg.gpt_config(), cfg.stages, "dense", seed=seed)
+    stages = build_gpt_stages(cfg.gpt_config(), cfg.stages, method_boundary(method, cfg), seed=seed)
     module = stages[mesh.stage]
-    module.load_state_dict(states[mesh.stage])
+    got = module.load_state_dict(states[mesh.stage], strict=False)  # the pretrained (dense) stages' weights
+    own = [k for k in got.missing_keys if not k.startswith(("sender.", "receiver."))]
+    if own or got.unexpected_keys:  # only a boundary's own state may be new
+        raise ActzipError(f"bench decentralized: the pretrained stage {mesh.stage} does not fit {method}'s stage: "
+                          f"missing {own}, unexpected {got.unexpected_keys}")
     module.to(device)
     fwd, bwd = method_codecs(method, cfg)
     pcfg = PipelineConfig(schedule=cfg.schedule, microbatches=cfg.microbatches, fwd_codec=fwd, bwd_codec=bwd, lr=cfg.lr,

@@ -10,15 +10,27 @@ from actzip_bench.commands.common import command_line, config_from_args, device_
 
 def _bench_decentralized(args: argparse.Namespace) -> int:
     import dataclasses
-    from pathlib import Path
 
     from rich.console import Console
     from rich.progress import Progress
 
     from actzip_bench.decentralized import run_decentralized
     from actzip_bench.decentralized_config import DecentralizedBenchConfig
-    from actzip_bench.decentralized_render import plot, table
 
+    if args.merge:
+        import json
+
+        from actzip_bench.decentralized import merge_records
+
+        records = []
+        for path in args.merge.split(","):
+            with open(path) as f:
+                records.append(json.load(f))
+        record = merge_records(records)
+        cfg = DecentralizedBenchConfig(**{k: tuple(tuple(x) for x in v) if k == "links" else
+                                          tuple(v) if isinstance(v, list) else v for k, v in record["config"].items()})
+        record["command"] = command_line(args)
+        return _report(record, cfg, args, Console(width=max(Console().width, 160)))
     cfg = config_from_args(DecentralizedBenchConfig, args)
     if args.quick:  # the quick settings, except where an option was given
         given = {k: getattr(cfg, k) for k in DecentralizedBenchConfig.__dataclass_fields__
@@ -33,6 +45,14 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
 
         record = run_decentralized(cfg, progress=progress, log=bar.console.log, device=device_from_args(args))
     record["command"] = command_line(args)
+    return _report(record, cfg, args, console)
+
+
+def _report(record: dict, cfg, args: argparse.Namespace, console) -> int:
+    from pathlib import Path
+
+    from actzip_bench.decentralized_render import plot, table
+
     for t in cfg.tasks:
         console.print(table(record, t))
     write_json(record, args.json, console)
@@ -67,4 +87,6 @@ def add_parsers(bench) -> None:
     db.add_argument("--tasks", help="comma-separated tasks: domain, continual (default both)")
     db.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
     db.add_argument("--json", help="write the record here (and a plot next to it)")
+    db.add_argument("--merge", help="comma-separated records of the same config on other seeds: one record of "
+                    "all of them (no training)")
     db.set_defaults(func=_bench_decentralized)
