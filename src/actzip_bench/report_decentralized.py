@@ -14,33 +14,44 @@ __all__ = ["RENDERERS", "decentralized_markdown", "decentralized_section"]
 CPU_RUN = "results/cpu/decentralized.json"
 H200_SPEED = "results/h200/decentralized-h200-speed.json"
 H200_SPEED_GPIPE = "results/h200/decentralized-h200-speed-gpipe.json"
+CPU_PCA_QUICK = "results/cpu/decentralized-pca-quick.json"
+H200_PCA_LOSS = "results/h200/decentralized-h200-pca-loss.json"  # 3 seeds side by side: losses, not speeds
+H200_PCA_SPEED = {"512": "results/h200/decentralized-h200-pca-speed-512.json",
+                  "512-4stages": "results/h200/decentralized-h200-pca-speed-512-4stages.json",
+                  "1024": "results/h200/decentralized-h200-pca-speed-1024.json"}
 
 
 def _x(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
 
 
-def _describe(rec: dict) -> str:
+def _describe(rec: dict, speeds: bool = True) -> str:
     c = rec["config"]
     seeds = len(c["seeds"])
+    timing = ("step times from the link model replaying each run's measured schedule, with each stage's "
+              "data-parallel sync before its update; `pipeline alone` leaves the sync out." if speeds else
+              "the runs of the seeds shared one machine, so no step time is given.")
     return (f"GPT of {c['n_layer']} blocks, width {c['n_embd']}, {c['block_size']}-token windows; {c['stages']} stages "
             f"x {c['replicas']} replicas (one process each, gloo), {c['batch_size']} sequences per replica per step in "
             f"{c['microbatches']} microbatches ({c.get('schedule', '1f1b')}); {c['pretrain_steps']} dense pretraining "
             f"steps on standard-library code, then {c['steps']} steps per task; {seeds} seed{'s' * (seeds > 1)}. "
-            "Final loss: the replicas' mean training loss over the last tenth of the steps; step times from the "
-            "link model replaying each run's measured schedule, with each stage's data-parallel sync before its "
-            "update; `pipeline alone` leaves the sync out.")
+            "Final loss: the replicas' mean training loss over the last tenth of the steps; " + timing)
 
 
-def decentralized_markdown(rec: dict, path_note: str) -> str:
+def decentralized_markdown(rec: dict, path_note: str, speeds: bool = True) -> str:
     """Per task, a table of every method: bytes per step on each axis, loss against dense, step-time ratios to
-    the bf16 wire (the whole step and the pipeline axis alone) and time to dense's final loss on every link."""
+    the bf16 wire (the whole step and the pipeline axis alone) and time to dense's final loss on every link;
+    without ``speeds`` (runs that shared their machine) the bytes and losses alone, and the pipeline bytes'
+    ratio to bf16's."""
     c = rec["config"]
-    links = [f"{bw:g}mbps-{lat:g}ms" for bw, lat in c["links"]]
-    out = [_describe(rec), ""]
+    links = [f"{bw:g}mbps-{lat:g}ms" for bw, lat in c["links"]] if speeds else []
+    out = [_describe(rec, speeds), ""]
     for task in c["tasks"]:
         rows = [a for a in rec["aggregate"] if a["task"] == task]
         head = ["method", "pipeline MB/step", "data-parallel MB/step", "loss vs dense (range)"]
+        if not speeds:
+            head.append("bf16's pipeline bytes / these")
+            bf16 = next((a["pp_bytes_per_step"] for a in rows if a["method"] == "bf16"), None)
         for name in links:
             head += [f"{name}: step vs bf16", "pipeline alone vs bf16", "time to dense's loss"]
         out += [f"**{task}**", "", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
@@ -51,6 +62,8 @@ def decentralized_markdown(rec: dict, path_note: str) -> str:
             loss = (f"{pct(a['loss_vs_dense'])} ({pct(lo / dense - 1)} to {pct(hi / dense - 1)})" if a["seeds"] > 1
                     else "one seed: not a loss figure")
             cells = [a["method"], f"{a['pp_bytes_per_step'] / 1e6:,.3f}", f"{a['dp_bytes_per_step'] / 1e6:,.3f}", loss]
+            if not speeds:
+                cells.append("n/a" if bf16 is None else f"{bf16 / a['pp_bytes_per_step']:.2f}x")
             for name in links:
                 link = a["links"][name]
                 t = link["time_to_target_s"]
@@ -68,12 +81,48 @@ def decentralized_section(path: Path, root: Path) -> str:
             + decentralized_markdown(rec, provenance(rec, path, root)) + "\n")
 
 
-def _figure(rel: str):
+def _figure(rel: str, speeds: bool = True):
     def render(root: Path) -> str:
         rec = json.loads((Path(root) / rel).read_text())
-        return decentralized_markdown(rec, cite(rel))
+        return decentralized_markdown(rec, cite(rel), speeds)
     return render
 
 
-RENDERERS = {"wire-decentralized-cpu": _figure(CPU_RUN), "wire-decentralized-h200-speed": _figure(H200_SPEED),
-             "wire-decentralized-h200-speed-gpipe": _figure(H200_SPEED_GPIPE)}
+def _agg(rec: dict, method: str, task: str = "domain") -> dict:
+    return next(a for a in rec["aggregate"] if a["method"] == method and a["task"] == task)
+
+
+def pca_reading(root: Path) -> str:
+    """The figures docs/wire.md's reading of the ``pca`` runs cites, from their records."""
+    load = lambda rel: json.loads((Path(root) / rel).read_text())  # noqa: E731
+    loss, wide = load(H200_PCA_LOSS), load(H200_PCA_SPEED["1024"])
+    tasks = loss["config"]["tasks"]
+    pca = [_agg(loss, "pca", t)["loss_vs_dense"] for t in tasks]
+    mask = [_agg(loss, "mask", t)["loss_vs_dense"] for t in tasks]
+    ratio = _agg(loss, "bf16")["pp_bytes_per_step"] / _agg(loss, "pca")["pp_bytes_per_step"]
+    w_pca, w_bf16 = _agg(wide, "pca"), _agg(wide, "bf16")
+    slow, fast = (f"{bw:g}mbps-{lat:g}ms" for bw, lat in wide["config"]["links"][:2])
+    bw = wide["config"]["links"][0][0]
+    send = w_pca["pp_bytes_per_step"] * 8 / (bw * 1e6)
+    latency = 2 * wide["config"]["links"][0][1] / 1e3
+    step = w_pca["links"][slow]["pp_step_s"]
+    diloco = [_agg(loss, "pca+diloco", t)["loss_vs_dense"] for t in tasks]
+    both = _agg(wide, "pca+diloco")["links"]
+    return (f"`pca` is {pct(min(pca))} to {pct(max(pca))} against dense over the two tasks at {ratio:.1f} times "
+            f"fewer pipeline bytes than the bf16 wire, where the random mask is {pct(min(mask))} to {pct(max(mask))}. "
+            f"At width {wide['config']['n_embd']:,} the `pca` step's pipeline time is {step:.2f} s on the "
+            f"{bw:g} Mbit/s link: {latency:.2f} s of latency, {send:.2f} s of sending its "
+            f"{w_pca['pp_bytes_per_step'] / 1e6:.1f} MB, and {step - latency - send:.2f} s of compute and pipeline "
+            f"bubble, against {w_bf16['links'][slow]['pp_step_s']:.2f} s for the bf16 wire: "
+            f"{w_pca['links'][slow]['pp_throughput_vs_bf16']:.2f} times faster "
+            f"({w_pca['links'][fast]['pp_throughput_vs_bf16']:.2f} times at {fast}). With the data-parallel axis "
+            f"compressed too (`pca+diloco`) the whole step is {both[slow]['throughput_vs_bf16']:.2f} times faster "
+            f"than the bf16 wire's ({both[fast]['throughput_vs_bf16']:.2f} times at {fast}), but its loss is "
+            f"{pct(min(diloco))} to {pct(max(diloco))} against dense (`{H200_PCA_LOSS}`, `{H200_PCA_SPEED['1024']}`)")
+
+
+RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-cpu": _figure(CPU_RUN), "wire-decentralized-h200-speed": _figure(H200_SPEED),
+             "wire-decentralized-h200-speed-gpipe": _figure(H200_SPEED_GPIPE),
+             "wire-decentralized-pca-quick": _figure(CPU_PCA_QUICK),
+             "wire-decentralized-h200-pca-loss": _figure(H200_PCA_LOSS, speeds=False),
+             **{f"wire-decentralized-h200-pca-speed-{k}": _figure(v) for k, v in H200_PCA_SPEED.items()}}

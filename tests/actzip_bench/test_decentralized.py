@@ -1,13 +1,15 @@
 """``bench decentralized`` end to end on a 2 x 2 mesh of a tiny model: rows per method with bytes per axis,
 losses, link times and time to target; configs refuse what they cannot run."""
 
+import copy
 import dataclasses
 
 import pytest
 
 from actzip.errors import ConfigError
-from actzip_bench.decentralized import run_decentralized
-from actzip_bench.decentralized_config import METHODS, DecentralizedBenchConfig
+from actzip.errors import ActzipError
+from actzip_bench.decentralized import merge_records, run_decentralized
+from actzip_bench.decentralized_config import METHODS, DecentralizedBenchConfig, method_boundary
 
 ROW_FIELDS = {"method", "pp_bytes_per_step", "dp_bytes_per_step", "final_loss", "tokens", "time_to_target_s"}
 
@@ -16,14 +18,14 @@ ROW_FIELDS = {"method", "pp_bytes_per_step", "dp_bytes_per_step", "final_loss", 
 def record():
     cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), n_embd=32, block_size=16, steps=6,
                               pretrain_steps=2, tasks=("domain",), corpus_bytes=40_000, dataset_windows=32,
-                              methods=("dense", "bf16", "mask+diloco", "two-circuit"), anchor_every=2,
+                              methods=("dense", "bf16", "mask+diloco", "two-circuit", "pca"), anchor_every=2,
                               anchor_delay=1, diloco_steps=3, eval_batches=1)
     return run_decentralized(cfg)
 
 
 def test_every_method_has_a_row_with_the_documented_fields(record):
     rows = record["rows"]
-    assert [r["method"] for r in rows] == ["dense", "bf16", "mask+diloco", "two-circuit"]
+    assert [r["method"] for r in rows] == ["dense", "bf16", "mask+diloco", "two-circuit", "pca"]
     for r in rows:
         assert ROW_FIELDS <= set(r)
         assert r["tokens"] == 6 * 8 * 16 * 2 and len(r["losses"]) == 6
@@ -33,6 +35,31 @@ def test_every_method_has_a_row_with_the_documented_fields(record):
     assert by["mask+diloco"]["dp_bytes_per_step"] < by["bf16"]["dp_bytes_per_step"] / 4
     assert by["dense"]["target_step"] is not None  # dense reaches its own final loss
     assert by["two-circuit"]["anchors"]["launched"] == 4 * 3  # 4 ranks, every 2nd of 6 steps
+    # an eighth of the width in 8-bit codes each way, and the bases it sent: about a fourteenth of bf16's bytes
+    assert by["pca"]["pp_bytes_per_step"] < by["bf16"]["pp_bytes_per_step"] / 8
+    assert by["pca"]["dp_bytes_per_step"] == by["bf16"]["dp_bytes_per_step"]  # the same bf16 all-reduce
+
+
+def test_the_pca_methods_build_their_boundary_at_the_masks_keep():
+    cfg = DecentralizedBenchConfig.quick()
+    assert method_boundary("pca", cfg) == "pca:8" and method_boundary("mask", cfg) == "dense"
+    assert method_boundary("pca+diloco", dataclasses.replace(cfg, mask_keep=0.25)) == "pca:4"
+
+
+def test_records_of_other_seeds_merge_into_one_and_bad_merges_are_named(record):
+    other = copy.deepcopy(record)
+    other["config"]["seeds"] = [1]
+    for row in other["rows"]:
+        row["seed"] = 1
+    merged = merge_records([record, other])
+    assert list(merged["config"]["seeds"]) == [0, 1] and len(merged["rows"]) == 2 * len(record["rows"])
+    assert all(a["seeds"] == 2 for a in merged["aggregate"])
+    with pytest.raises(ActzipError, match="seeds repeat"):
+        merge_records([record, record])
+    changed = copy.deepcopy(other)
+    changed["config"]["steps"] = 7
+    with pytest.raises(ActzipError, match="another config"):
+        merge_records([record, changed])
 
 
 def test_link_times_and_ratios_are_reported_per_link(record):
