@@ -18,7 +18,8 @@ CPU_PCA_QUICK = "results/cpu/decentralized-pca-quick.json"
 H200_PCA_LOSS = "results/h200/decentralized-h200-pca-loss.json"  # 3 seeds side by side: losses, not speeds
 H200_PCA_SPEED = {"512": "results/h200/decentralized-h200-pca-speed-512.json",
                   "512-4stages": "results/h200/decentralized-h200-pca-speed-512-4stages.json",
-                  "1024": "results/h200/decentralized-h200-pca-speed-1024.json"}
+                  "1024": "results/h200/decentralized-h200-pca-speed-1024.json",
+                  "512-long": "results/h200/decentralized-h200-pca-speed-512-long.json"}
 
 
 def _x(v: float | None) -> str:
@@ -95,30 +96,37 @@ def _agg(rec: dict, method: str, task: str = "domain") -> dict:
 def pca_reading(root: Path) -> str:
     """The figures docs/wire.md's reading of the ``pca`` runs cites, from their records."""
     load = lambda rel: json.loads((Path(root) / rel).read_text())  # noqa: E731
-    loss, wide = load(H200_PCA_LOSS), load(H200_PCA_SPEED["1024"])
+    loss, wide, long = (load(r) for r in (H200_PCA_LOSS, H200_PCA_SPEED["1024"], H200_PCA_SPEED["512-long"]))
     tasks = loss["config"]["tasks"]
     pca = [_agg(loss, "pca", t)["loss_vs_dense"] for t in tasks]
     mask = [_agg(loss, "mask", t)["loss_vs_dense"] for t in tasks]
     ratio = _agg(loss, "bf16")["pp_bytes_per_step"] / _agg(loss, "pca")["pp_bytes_per_step"]
-    w_pca, w_bf16 = _agg(wide, "pca"), _agg(wide, "bf16")
     slow, fast = (f"{bw:g}mbps-{lat:g}ms" for bw, lat in wide["config"]["links"][:2])
-    bw = wide["config"]["links"][0][0]
-    send = w_pca["pp_bytes_per_step"] * 8 / (bw * 1e6)
-    latency = 2 * wide["config"]["links"][0][1] / 1e3
-    step = w_pca["links"][slow]["pp_step_s"]
+    bw, one_way = wide["config"]["links"][0]
+
+    def floor(rec: dict) -> str:
+        mine, theirs = _agg(rec, "pca"), _agg(rec, "bf16")
+        c = rec["config"]
+        send = mine["pp_bytes_per_step"] * 8 / (bw * 1e6)
+        latency = 2 * one_way / 1e3
+        step = mine["links"][slow]["pp_step_s"]
+        return (f"width {c['n_embd']:,}, {c['block_size']:,}-token windows and {c['batch_size']} sequences: "
+                f"{step:.2f} s ({latency:.2f} s of latency, {send:.2f} s of sending its "
+                f"{mine['pp_bytes_per_step'] / 1e6:.1f} MB, {step - latency - send:.2f} s of compute and pipeline "
+                f"bubble) against {theirs['links'][slow]['pp_step_s']:.2f} s for the bf16 wire, "
+                f"{mine['links'][slow]['pp_throughput_vs_bf16']:.2f} times faster "
+                f"({mine['links'][fast]['pp_throughput_vs_bf16']:.2f} times at {fast})")
+
     diloco = [_agg(loss, "pca+diloco", t)["loss_vs_dense"] for t in tasks]
     both = _agg(wide, "pca+diloco")["links"]
     return (f"`pca` is {pct(min(pca))} to {pct(max(pca))} against dense over the two tasks at {ratio:.1f} times "
             f"fewer pipeline bytes than the bf16 wire, where the random mask is {pct(min(mask))} to {pct(max(mask))}. "
-            f"At width {wide['config']['n_embd']:,} the `pca` step's pipeline time is {step:.2f} s on the "
-            f"{bw:g} Mbit/s link: {latency:.2f} s of latency, {send:.2f} s of sending its "
-            f"{w_pca['pp_bytes_per_step'] / 1e6:.1f} MB, and {step - latency - send:.2f} s of compute and pipeline "
-            f"bubble, against {w_bf16['links'][slow]['pp_step_s']:.2f} s for the bf16 wire: "
-            f"{w_pca['links'][slow]['pp_throughput_vs_bf16']:.2f} times faster "
-            f"({w_pca['links'][fast]['pp_throughput_vs_bf16']:.2f} times at {fast}). With the data-parallel axis "
-            f"compressed too (`pca+diloco`) the whole step is {both[slow]['throughput_vs_bf16']:.2f} times faster "
-            f"than the bf16 wire's ({both[fast]['throughput_vs_bf16']:.2f} times at {fast}), but its loss is "
-            f"{pct(min(diloco))} to {pct(max(diloco))} against dense (`{H200_PCA_LOSS}`, `{H200_PCA_SPEED['1024']}`)")
+            f"The `pca` step's pipeline time on the {bw:g} Mbit/s link at {floor(wide)}; at {floor(long)}. With the "
+            f"data-parallel axis compressed too (`pca+diloco`, width {wide['config']['n_embd']:,}) the whole step is "
+            f"{both[slow]['throughput_vs_bf16']:.2f} times faster than the bf16 wire's "
+            f"({both[fast]['throughput_vs_bf16']:.2f} times at {fast}), but its loss is {pct(min(diloco))} to "
+            f"{pct(max(diloco))} against dense (`{H200_PCA_LOSS}`, `{H200_PCA_SPEED['1024']}`, "
+            f"`{H200_PCA_SPEED['512-long']}`)")
 
 
 RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-cpu": _figure(CPU_RUN), "wire-decentralized-h200-speed": _figure(H200_SPEED),
