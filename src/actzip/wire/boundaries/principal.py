@@ -105,7 +105,7 @@ class PCASender(BoundarySender):
         code = (x - self.mean.to(x.dtype)) @ self.basis.to(x.dtype)
         msg = self._message(code.to(self.cfg.code_dtype or code.dtype), None, None)
         if self._sent != self.version:
-            msg[_SYNC] = torch.cat([self.mean[:, None], self.basis], dim=1).clone()
+            msg[_SYNC] = torch.cat([self.mean[:, None], self.basis], dim=1)
             msg[_STATE] = torch.tensor([self._sent, self.version], dtype=torch.int64).to(x.device, non_blocking=True)
             self._sent = self.version
         return msg
@@ -114,10 +114,6 @@ class PCASender(BoundarySender):
         self._steps += 1
         if self._steps % self.cfg.refresh == 0:
             self.refresh()
-
-    def request_resync(self) -> None:
-        """Send the basis in use with the next message."""
-        self._sent = -1
 
 
 class PCAReceiver(BoundaryReceiver):
@@ -136,7 +132,7 @@ class PCAReceiver(BoundaryReceiver):
                                       "carried the sender's first basis was lost or not passed to this receiver")
             return
         base, version = msg[_STATE].tolist()  # once per refresh
-        if base not in (self.version, -1):
+        if base != self.version:
             raise WireDesyncError(
                 f"wire boundary (pca): the receiver's basis is at version {self.version} but the update that "
                 f"arrived replaces version {base}; a message carrying a basis was lost or not passed to this receiver")
