@@ -65,22 +65,24 @@ def _run_times(ranks: list[dict], cfg: DecentralizedBenchConfig, link: LinkSpec,
 def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
     """One row per (seed, task, method): bytes per axis and step, losses, throughput and time to dense's final
     loss on every link."""
-    window = max(1, round(cfg.smooth * cfg.steps))
+    window = cfg.window
     tokens_per_step = cfg.batch_size * cfg.block_size * cfg.replicas
     rows, curves = [], {}
     for run in runs:
         ranks = run["ranks"]
         last = [r for r in ranks if r["stage"] == cfg.stages - 1]
         mean_loss = [statistics.fmean(v) for v in zip(*(r["losses"] for r in last))]
+        n = len(mean_loss)  # steps run: more than cfg.steps where a method trained on to reach dense's loss
         curves[(run["seed"], run["task"], run["method"])] = _smoothed(mean_loss, window)
         sent = {c: sum(r["pp_meter"]["sent"][c]["total"] for r in ranks if r["replica"] == 0) for c in ("fwd", "bwd")}
         pp = sent["fwd"] + sent["bwd"]
         dp = sum(sum(b.values()) for r in ranks if r["replica"] == 0 for b in r["dp_bytes"])
         anchors = [r["anchors"] for r in ranks if r["anchors"] is not None]
         row = {"seed": run["seed"], "task": run["task"], "method": run["method"],
-               "pp_bytes_per_step": pp / cfg.steps, "dp_bytes_per_step": dp / cfg.steps,
-               "pp_fwd_bytes_per_step": sent["fwd"] / cfg.steps, "pp_bwd_bytes_per_step": sent["bwd"] / cfg.steps,
-               "final_loss": statistics.fmean(mean_loss[-window:]), "val_loss": last[0]["val_loss"],
+               "pp_bytes_per_step": pp / n, "dp_bytes_per_step": dp / n,
+               "pp_fwd_bytes_per_step": sent["fwd"] / n, "pp_bwd_bytes_per_step": sent["bwd"] / n,
+               "final_loss": statistics.fmean(mean_loss[:cfg.steps][-window:]), "val_loss": last[0]["val_loss"],
+               "steps_run": n,
                "tokens": tokens_per_step * cfg.steps, "losses": mean_loss,
                "anchors": {k: sum(a[k] for a in anchors) for k in anchors[0]} if anchors else None,
                "wall_s": max(r["wall_s"] for r in ranks), "links": {}}

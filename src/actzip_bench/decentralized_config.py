@@ -84,6 +84,10 @@ class DecentralizedBenchConfig:
     dataset_windows: int = 1024  # fixed windows per replica (the delta codec's per-sample cache needs repeats)
     eval_batches: int = 4  # validation batches of batch_size after each task
     smooth: float = 0.1  # final loss: mean training loss of the last smooth * steps steps
+    # time to target: a method other than dense that has not reached dense's final loss after `steps` trains on
+    # until its smoothed loss does, up to until_target * steps steps in all (1: never past `steps`); its final
+    # loss is still the one at `steps` (equal tokens)
+    until_target: float = 1.0
     timeout_s: float = 120.0  # longest wait for a peer before every rank stops with an error
 
     def __post_init__(self) -> None:
@@ -101,6 +105,10 @@ class DecentralizedBenchConfig:
             raise ConfigError(f"bench decentralized: replicas must be >= 1, got {self.replicas}")
         if isinstance(self.mask_keep, bool) or not 0.0 < self.mask_keep <= 1.0:
             raise ConfigError(f"bench decentralized: mask_keep must be a fraction in (0, 1], got {self.mask_keep!r}")
+        if isinstance(self.until_target, bool) or not isinstance(self.until_target, (int, float)) \
+                or not self.until_target >= 1.0:
+            raise ConfigError(f"bench decentralized: until_target must be a number >= 1 (a multiple of steps), got "
+                              f"{self.until_target!r}")
         if self.batch_size % self.microbatches:
             raise ConfigError(f"bench decentralized: batch_size {self.batch_size} is not a multiple of microbatches "
                               f"{self.microbatches}")
@@ -110,6 +118,11 @@ class DecentralizedBenchConfig:
         """A run for a 2-core CPU in a few minutes: one seed, both tasks, every method, a 2-block model."""
         return cls(block_size=32, batch_size=8, microbatches=2, pretrain_steps=60, steps=40,
                    seeds=(0,), corpus_bytes=300_000, dataset_windows=256, eval_batches=2, lr=2e-3)
+
+    @property
+    def window(self) -> int:
+        """Steps the final loss and the time to target average over."""
+        return max(1, round(self.smooth * self.steps))
 
     def gpt_config(self) -> GPTConfig:
         return GPTConfig.of_size(self.model, n_layer=self.n_layer, n_embd=self.n_embd, block_size=self.block_size,

@@ -43,9 +43,26 @@ def _val_loss(tc: TwoCircuit, corpus, cfg: DecentralizedBenchConfig, seed: int) 
     return sum(losses) / len(losses) if losses else None
 
 
+def _replicas_loss(losses: list[float], cfg: DecentralizedBenchConfig, last: bool) -> float:
+    """The replicas' mean of their last stages' mean loss over the last ``cfg.window`` steps (on every rank)."""
+    mine = sum(losses[-cfg.window:]) / min(len(losses), cfg.window) if last else 0.0
+    total = torch.tensor([mine], dtype=torch.float64)
+    dist.all_reduce(total)
+    return float(total) / cfg.replicas
+
+
+def _final_loss(ranks: list[dict], cfg: DecentralizedBenchConfig) -> float:
+    """Dense's final loss from its gathered records, as :func:`actzip_bench.decentralized.summarize` takes it."""
+    last = [r["losses"][:cfg.steps] for r in ranks if r["stage"] == cfg.stages - 1]
+    mean = [sum(v) / len(v) for v in zip(*last)]
+    return sum(mean[-cfg.window:]) / len(mean[-cfg.window:])
+
+
 def run_one(mesh: Mesh, cfg: DecentralizedBenchConfig, states: list, corpus, seed: int, method: str,
-            device: torch.device) -> list | None:
-    """Train ``method`` on ``corpus`` from the pretrained ``states``; every rank's record on rank 0."""
+            device: torch.device, target: float | None = None) -> list | None:
+    """Train ``method`` on ``corpus`` from the pretrained ``states``; every rank's record on rank 0. With a
+    ``target`` (dense's final loss) and ``cfg.until_target > 1``, training goes on past ``cfg.steps`` until the
+    replicas' smoothed loss reaches it (every rank stops at the same step)."""
     stages = build_gpt_stages(cfg.gpt_config(), cfg.stages, method_boundary(method, cfg), seed=seed)
     module = stages[mesh.stage]
     got = module.load_state_dict(states[mesh.stage], strict=False)  # the pretrained (dense) stages' weights
@@ -60,10 +77,17 @@ def run_one(mesh: Mesh, cfg: DecentralizedBenchConfig, states: list, corpus, see
     tc = TwoCircuit(module, mesh, pcfg, method_circuits(method, cfg))
     batches = Batches(corpus, cfg.batch_size, cfg.block_size, seed * 101 + mesh.replica, cfg.dataset_windows)
     t0 = time.monotonic()
+    losses, last = [], mesh.stage == cfg.stages - 1
     for step in range(cfg.steps):
         x, y, ids = batches(step)
-        tc.train_step(x, y, ids)
+        losses.append(tc.train_step(x, y, ids))
     wall = time.monotonic() - t0
+    limit = round(cfg.steps * cfg.until_target) if target is not None else cfg.steps
+    step = cfg.steps
+    while step < limit and _replicas_loss(losses, cfg, last) > target:
+        x, y, ids = batches(step)
+        losses.append(tc.train_step(x, y, ids))
+        step += 1
     rec = tc.record()  # before the evaluation's forwards add to the meter
     rec["val_loss"], rec["wall_s"] = _val_loss(tc, corpus, cfg, seed), wall
     tc.close()
@@ -92,12 +116,21 @@ def main(argv: list[str] | None = None) -> int:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
             torch.cuda.set_device(device)
         runs = []
+        # dense first: its final loss is the others' target when they may train on until they reach it
+        methods = sorted(cfg.methods, key=lambda m: m != "dense") if cfg.until_target > 1 else cfg.methods
         for seed in cfg.seeds:
             for task in cfg.tasks:
-                for method in cfg.methods:
-                    got = run_one(mesh, cfg, pretrained[seed], corpora[TASKS[task]], seed, method, device)
+                target = None
+                for method in methods:
+                    got = run_one(mesh, cfg, pretrained[seed], corpora[TASKS[task]], seed, method, device,
+                                  None if method == "dense" else target)
                     if got is not None:
                         runs.append({"seed": seed, "task": task, "method": method, "ranks": got})
+                    if method == "dense" and cfg.until_target > 1:
+                        target = _final_loss(got, cfg) if got is not None else None
+                        shared = [target]
+                        dist.broadcast_object_list(shared, src=0)
+                        target = shared[0]
                         print(f"done {seed} {task} {method}", flush=True)
     except ActzipError as e:
         print(f"actzip: error: rank {dist.get_rank()}: {e}", file=sys.stderr, flush=True)

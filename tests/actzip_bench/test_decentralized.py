@@ -81,3 +81,21 @@ def test_configs_name_what_they_refuse():
     with pytest.raises(ConfigError, match="tasks"):
         DecentralizedBenchConfig(tasks=("translation",))
     assert "two-circuit" in METHODS
+
+
+def test_methods_train_on_until_dense_loss_with_until_target():
+    cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), n_embd=32, block_size=16, steps=6, pretrain_steps=2,
+                              tasks=("domain",), corpus_bytes=40_000, dataset_windows=32, eval_batches=1,
+                              methods=("mask", "dense"), until_target=3.0)
+    rows = {r["method"]: r for r in run_decentralized(cfg)["rows"]}
+    assert rows["dense"]["steps_run"] == 6
+    mask = rows["mask"]
+    assert 6 <= mask["steps_run"] <= 18 and len(mask["losses"]) == mask["steps_run"]
+    if mask["steps_run"] < 18:  # it stopped early only because its loss (a one-step window here) reached dense's
+        assert mask["losses"][-1] <= rows["dense"]["final_loss"] and mask["target_step"] is not None
+    else:
+        assert mask["target_step"] is None or mask["target_step"] == 17
+    assert mask["final_loss"] == pytest.approx(mask["losses"][5])  # still the loss at step 6 (a one-step window)
+    assert mask["tokens"] == rows["dense"]["tokens"]  # equal tokens for the final loss
+    with pytest.raises(ConfigError, match="until_target"):
+        DecentralizedBenchConfig(until_target=0.5)

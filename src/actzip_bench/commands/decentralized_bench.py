@@ -80,6 +80,9 @@ def add_parsers(bench) -> None:
     db.add_argument("--pretrain-steps", type=int, dest="pretrain_steps")
     db.add_argument("--steps", type=int, help="steps of each task")
     db.add_argument("--lr", type=float)
+    db.add_argument("--until-target", type=float, dest="until_target",
+                    help="a method that has not reached dense's final loss after --steps trains on until it does, "
+                    "up to this multiple of --steps (default 1: never past them); final losses stay at --steps")
     db.add_argument("--mask-keep", type=float, dest="mask_keep",
                     help="fraction of the elements the boundary masks keep (default 0.125)")
     db.add_argument("--methods", help="comma-separated methods (default all; docs/wire.md lists them, an unknown "
