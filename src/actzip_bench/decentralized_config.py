@@ -43,6 +43,11 @@ METHODS = {
     "int2-mask-backward": ("quant:bits=2", MASK, "bf16", None),
     "delta-mask-backward": ("delta:bits=4", MASK, "bf16", None),
     "delta2-mask-backward": ("delta:bits=2", MASK, "bf16", None),
+    # and with the wiener correction (the noise of each matrix's gradient measured on every anchor's batch): the
+    # gradient-only mask's circuit with anchors under each correction, and the two-circuit one with it
+    "mask-backward-shrinkage": ("quant:bits=8", MASK, "bf16", "shrinkage"),
+    "mask-backward-wiener": ("quant:bits=8", MASK, "bf16", "wiener"),
+    "two-circuit-wiener": (MASK, MASK, "topk", "wiener"),
     # and after all of those: the principal-subspace boundary (the sender's top principal directions, as many
     # values a token as the masks keep), its codes and their gradients in 8 bits
     "pca": ("quant:bits=8", "quant:bits=8", "bf16", None),

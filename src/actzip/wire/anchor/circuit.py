@@ -104,7 +104,8 @@ class AnchorDelivery:
                                   f"({type(anchor.error).__name__}: {anchor.error}); the fast circuit goes on "
                                   f"with the anchors it has (counted in {type(self).__name__}.lost)", stacklevel=2)
                 continue
-            self.correction.observe_anchor({p: g for p, g in zip(self.params, anchor.grads) if g is not None})
+            self.correction.observe_anchor({p: g for p, g in zip(self.params, anchor.grads) if g is not None},
+                                           launched=anchor.launched)
             self.delivered += 1
             given += 1
         return given

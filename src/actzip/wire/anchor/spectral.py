@@ -10,11 +10,19 @@ matrix's gradient ``g``:
 
 - ``mode="off"``: ``g`` as it is (the ablation's baseline);
 - ``mode="projection"``: ``P(g) = U Uᵀ g V Vᵀ``, the part of ``g`` in the anchors' subspace;
-- ``mode="shrinkage"``: ``P(g) + shrink * (g - P(g))``: the part outside is kept, scaled down.
+- ``mode="shrinkage"``: ``P(g) + shrink * (g - P(g))``: the part outside is kept, scaled down;
+- ``mode="wiener"``: ``s_in P(g) + s_out (g - P(g))`` with each factor ``S / (S + N)`` measured per matrix: on
+  every anchor's step the fast circuit's own gradient of that batch is kept (:meth:`stash_fast`), and when the
+  anchor arrives their difference is the masking's noise on that batch. ``S`` is the anchors' gradient energy
+  inside (or outside) the subspace, ``N`` the noise's, both averaged over the anchors like ``A``. A matrix whose
+  gradient the masks do not touch (``N = 0``: a last stage under a gradient-only mask) is left as it is, and
+  the more of a part is noise, the more it is shrunk. Until a matrix has a measured pair it passes unchanged.
 
 Vectors (biases, norms) and matrices without an anchor yet pass unchanged; a step with no anchor at all is
 counted (``uncorrected_steps``) and said once, and the fast circuit never waits for one. State per corrected
-``out x in`` matrix: ``A`` (``out * in`` float32) plus ``U`` and ``V`` (``rank * (out + in)`` float32).
+``out x in`` matrix: ``A`` (``out * in`` float32) plus ``U`` and ``V`` (``rank * (out + in)`` float32); the
+``wiener`` mode adds four numbers per matrix and, while an anchor is in flight, the fast gradient of its step
+(``out * in`` float32 per matrix and anchor).
 """
 
 import warnings
@@ -26,7 +34,7 @@ from actzip.errors import ConfigError
 
 __all__ = ["SPECTRAL_MODES", "SpectralConfig", "SpectralCorrection"]
 
-SPECTRAL_MODES = ("off", "projection", "shrinkage")
+SPECTRAL_MODES = ("off", "projection", "shrinkage", "wiener")
 
 
 @dataclass
@@ -59,17 +67,38 @@ class SpectralCorrection:
         self.basis: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(param) -> (U, V)
         self.anchors = 0  # anchor gradients observed
         self.uncorrected_steps = 0  # steps taken before any anchor arrived (mode != "off")
+        self.fast: dict[int, dict[int, torch.Tensor]] = {}  # wiener: anchor step -> id(param) -> fast gradient
+        self.energy: dict[int, torch.Tensor] = {}  # wiener: id(param) -> [S_in, S_out, N_in, N_out] averages
 
     def state_bytes(self) -> int:
-        """Bytes of the correction's own state (averages and bases)."""
-        return sum(t.numel() * t.element_size() for t in self.average.values()) + sum(
+        """Bytes of the correction's own state (averages, bases, and the wiener mode's energies and kept fast
+        gradients)."""
+        kept = [t for step in self.fast.values() for t in step.values()] + list(self.energy.values())
+        return sum(t.numel() * t.element_size() for t in [*self.average.values(), *kept]) + sum(
             u.numel() * u.element_size() + v.numel() * v.element_size() for u, v in self.basis.values())
 
     @torch.no_grad()
-    def observe_anchor(self, grads: dict[torch.nn.Parameter, torch.Tensor] | None = None) -> None:
+    def stash_fast(self, step: int) -> None:
+        """``wiener``: keep the fast circuit's gradient of every matrix as it is now (call it after the backward of
+        a step an anchor was launched at, before :meth:`correct`), to pair it with that anchor's gradient."""
+        if self.config.mode != "wiener":
+            return
+        self.fast[step] = {id(p): p.grad.detach().float().clone() for p in self.matrices if p.grad is not None}
+
+    def _project(self, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        u, v = self.basis[id(p)]
+        return u @ ((u.T @ g) @ v) @ v.T
+
+    @torch.no_grad()
+    def observe_anchor(self, grads: dict[torch.nn.Parameter, torch.Tensor] | None = None,
+                       launched: int | None = None) -> None:
         """Take one anchor gradient per matrix (``grads``, default: each parameter's current ``.grad``), however
-        late it is, into the averages, and recompute their top-``rank`` singular vectors."""
+        late it is, into the averages, and recompute their top-``rank`` singular vectors. ``launched``: the fast
+        step the anchor was taken at; ``wiener`` pairs it with that step's kept fast gradient."""
         self.anchors += 1
+        fast = self.fast.pop(launched, None) if launched is not None else None
+        for old in [s for s in self.fast if launched is not None and s < launched]:
+            del self.fast[old]  # an anchor that never arrived: its pair is of no use
         d = self.config.decay
         for p in self.matrices:
             g = grads.get(p) if grads is not None else p.grad
@@ -84,6 +113,12 @@ class SpectralCorrection:
             r = min(self.config.rank, *p.shape)
             u, _, vh = torch.linalg.svd(self.average[id(p)], full_matrices=False)
             self.basis[id(p)] = (u[:, :r].contiguous(), vh[:r].T.contiguous())
+            if fast is not None and id(p) in fast:
+                noise = fast[id(p)].to(g.device) - g
+                s_in, n_in = self._project(p, g).square().sum(), self._project(p, noise).square().sum()
+                now = torch.stack([s_in, g.square().sum() - s_in, n_in, noise.square().sum() - n_in]).clamp_min(0)
+                e = self.energy.get(id(p))
+                self.energy[id(p)] = now if e is None else e.mul_(d).add_(now, alpha=1 - d)
 
     @torch.no_grad()
     def correct(self) -> None:
@@ -100,10 +135,20 @@ class SpectralCorrection:
         for p in self.matrices:
             if p.grad is None or id(p) not in self.basis:
                 continue
-            u, v = self.basis[id(p)]
+            if cfg.mode == "wiener" and id(p) not in self.energy:
+                continue  # no measured pair yet
             g = p.grad.float()
-            inside = u @ ((u.T @ g) @ v) @ v.T
-            out = inside if cfg.mode == "projection" else inside + cfg.shrink * (g - inside)
+            inside = self._project(p, g)
+            if cfg.mode == "projection":
+                out = inside
+            elif cfg.mode == "shrinkage":
+                out = inside + cfg.shrink * (g - inside)
+            else:
+                s_in, s_out, n_in, n_out = self.energy[id(p)].tolist()
+                if n_in == 0 and n_out == 0:
+                    continue  # a gradient the masks do not touch: left exactly as it is
+                keep_in, keep_out = s_in / max(s_in + n_in, 1e-30), s_out / max(s_out + n_out, 1e-30)
+                out = keep_in * inside + keep_out * (g - inside)
             p.grad.copy_(out.to(p.grad.dtype))
 
     def step(self, closure=None):

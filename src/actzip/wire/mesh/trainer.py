@@ -85,6 +85,7 @@ class TwoCircuit:
         self.anchors = None if self.cfg.anchor is None else PipelineAnchors(
             module, pipeline, self.cfg.anchor, self.correction, mesh.anchor_group, mesh.anchor_down_group, loss_fn)
         self.step = 0
+        self._anchored = False  # an anchor was launched at this step
         self.dp_bytes: list[dict[str, int]] = []  # per step: this rank's data-parallel payload per collective
         self.dp_seconds: list[float] = []  # per step: time spent in the data-parallel sync (measured)
         self._pending_dp: dict[str, int] = {}
@@ -107,6 +108,8 @@ class TwoCircuit:
         return self.factored_meter
 
     def _before_update(self, worker) -> None:
+        if self._anchored:  # this step's own gradient, to pair with its anchor's (the wiener correction)
+            self.correction.stash_fast(self.step)
         self.correction.correct()
         t0 = time.perf_counter()
         if self.grad_sync is not None:
@@ -121,8 +124,9 @@ class TwoCircuit:
         meter = self._meter()
         before = dict(meter.by_collective) if meter is not None else {}
         self._dp_time = 0.0
+        self._anchored = False
         if self.anchors is not None:
-            self.anchors.maybe_launch(self.step, x, y)
+            self._anchored = self.anchors.maybe_launch(self.step, x, y)
             self.anchors.deliver(self.step)
         loss = self.pipe.train_step(x, y, ids)
         synced = False
