@@ -126,12 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                                   None if method == "dense" else target)
                     if got is not None:
                         runs.append({"seed": seed, "task": task, "method": method, "ranks": got})
+                        print(f"done {seed} {task} {method}", flush=True)
                     if method == "dense" and cfg.until_target > 1:
-                        target = _final_loss(got, cfg) if got is not None else None
-                        shared = [target]
+                        shared = [_final_loss(got, cfg) if got is not None else None]
                         dist.broadcast_object_list(shared, src=0)
                         target = shared[0]
-                        print(f"done {seed} {task} {method}", flush=True)
     except ActzipError as e:
         print(f"actzip: error: rank {dist.get_rank()}: {e}", file=sys.stderr, flush=True)
         return 2

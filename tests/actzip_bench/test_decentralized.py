@@ -87,7 +87,9 @@ def test_methods_train_on_until_dense_loss_with_until_target():
     cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), n_embd=32, block_size=16, steps=6, pretrain_steps=2,
                               tasks=("domain",), corpus_bytes=40_000, dataset_windows=32, eval_batches=1,
                               methods=("mask", "dense"), until_target=3.0)
-    rows = {r["method"]: r for r in run_decentralized(cfg)["rows"]}
+    done = []
+    rows = {r["method"]: r for r in run_decentralized(cfg, progress=done.append)["rows"]}
+    assert done == ["0 domain dense", "0 domain mask"]  # dense first (the target), each run said once
     assert rows["dense"]["steps_run"] == 6
     mask = rows["mask"]
     assert 6 <= mask["steps_run"] <= 18 and len(mask["losses"]) == mask["steps_run"]
