@@ -15,6 +15,8 @@ CPU_RUN = "results/cpu/decentralized.json"
 H200_SPEED = "results/h200/decentralized-h200-speed.json"
 H200_SPEED_GPIPE = "results/h200/decentralized-h200-speed-gpipe.json"
 CPU_PCA_QUICK = "results/cpu/decentralized-pca-quick.json"
+CPU_PCA = "results/cpu/decentralized-pca.json"  # the default run's protocol, with --until-target 2
+CPU_PCA_4STAGES = "results/cpu/decentralized-pca-quick-4stages.json"
 CPU_CORRECTION_QUICK = "results/cpu/decentralized-correction-quick.json"
 H200_PCA_LOSS = "results/h200/decentralized-h200-pca-loss.json"  # 3 seeds side by side: losses, not speeds
 H200_PCA_SPEED = {"512": "results/h200/decentralized-h200-pca-speed-512.json",
@@ -133,6 +135,8 @@ def pca_reading(root: Path) -> str:
 RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-cpu": _figure(CPU_RUN), "wire-decentralized-h200-speed": _figure(H200_SPEED),
              "wire-decentralized-h200-speed-gpipe": _figure(H200_SPEED_GPIPE),
              "wire-decentralized-pca-quick": _figure(CPU_PCA_QUICK),
+             "wire-decentralized-pca-cpu": _figure(CPU_PCA),
+             "wire-decentralized-pca-quick-4stages": _figure(CPU_PCA_4STAGES),
              "wire-decentralized-correction-quick": _figure(CPU_CORRECTION_QUICK),
              "wire-decentralized-h200-pca-loss": _figure(H200_PCA_LOSS, speeds=False),
              **{f"wire-decentralized-h200-pca-speed-{k}": _figure(v) for k, v in H200_PCA_SPEED.items()}}
