@@ -46,7 +46,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from actzip.errors import ConfigError, DataError, MissingDependencyError
+from actzip.errors import ConfigError, DataError
+from actzip_bench.data.images import read_square_image
 
 __all__ = ["CLASSES", "MODALITIES", "CremaD", "CremaDConfig", "CremaDInfo", "actor_split", "load_crema_d"]
 
@@ -252,32 +253,7 @@ def _audio_features(wav: tuple[torch.Tensor, int], cfg: CremaDConfig) -> torch.T
 # -- frames --------------------------------------------------------------------------------------------------
 
 
-def _pil():
-    try:
-        from PIL import Image
-    except ImportError as e:
-        raise MissingDependencyError("reading frames needs Pillow (pip install pillow; matplotlib, in the bench "
-                                     "extra, also installs it)") from e
-    return Image
-
-
-def _read_image(path: pathlib.Path, size: int, rgb: bool) -> torch.Tensor:
-    """``[C, size, size]`` float32 in [0, 1]: the central square, resized."""
-    image_mod = _pil()
-    try:
-        with image_mod.open(path) as im:
-            im = im.convert("RGB" if rgb else "L")
-            w, h = im.size
-            side = min(w, h)
-            left, top = (w - side) // 2, (h - side) // 2
-            im = im.crop((left, top, left + side, top + side)).resize((size, size), image_mod.BILINEAR)
-            a = np.asarray(im, dtype=np.float32) / 255.0
-    except (OSError, ValueError, SyntaxError) as exc:  # Pillow's errors for a damaged or unknown file
-        raise DataError(f"crema_d: {str(path)!r} cannot be read as an image: {exc}") from None
-    return torch.from_numpy(a.reshape(size, size, -1)).permute(2, 0, 1).contiguous()
-
-
 def _clip_frames(frames: list[pathlib.Path], cfg: CremaDConfig) -> torch.Tensor:
     """``[C * frames_per_clip, S, S]``: frames chosen evenly from first to last (repeated if too few)."""
     picks = torch.linspace(0, len(frames) - 1, cfg.frames_per_clip).round().long().tolist()
-    return torch.cat([_read_image(frames[i], cfg.image_size, cfg.rgb) for i in picks])
+    return torch.cat([read_square_image(frames[i], cfg.image_size, cfg.rgb, "crema_d") for i in picks])

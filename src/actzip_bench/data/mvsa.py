@@ -36,7 +36,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from actzip.errors import ConfigError, DataError, MissingDependencyError
+from actzip.errors import ConfigError, DataError
+from actzip_bench.data.images import read_square_image
 
 __all__ = ["CLASSES", "MODALITIES", "MVSA", "MVSAConfig", "MVSAInfo", "combine_labels", "hash_text",
            "load_mvsa"]
@@ -130,7 +131,7 @@ def load_mvsa(cfg: MVSAConfig) -> MVSA:
         raise DataError(f"mvsa: every pair in {str(root / LABEL_FILE)!r} is a positive/negative conflict")
     order = torch.randperm(len(kept), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     chosen = [kept[i] for i in order[:cfg.limit]]
-    image = torch.stack([_read_image(_image_path(data, tweet), cfg.image_size) for tweet, _ in chosen])
+    image = torch.stack([read_square_image(_image_path(data, tweet), cfg.image_size, True, "mvsa") for tweet, _ in chosen])
     text = torch.stack([hash_text(_read_text(data / f"{tweet}.txt"), cfg.text_dim) for tweet, _ in chosen])
     labels = torch.tensor([label for _, label in chosen], dtype=torch.int64)
     info = MVSAInfo(ids=tuple(t for t, _ in chosen), rows=len(rows), conflicts=len(conflicts),
@@ -182,21 +183,3 @@ def _image_path(data: pathlib.Path, tweet: str) -> pathlib.Path:
     raise DataError(f"mvsa: image {str(data / (tweet + '.jpg'))!r} (or .jpeg, .png) of a labelled pair is missing")
 
 
-def _read_image(path: pathlib.Path, size: int) -> torch.Tensor:
-    """``[3, size, size]`` float32 in [0, 1]: the central square, resized."""
-    try:
-        from PIL import Image
-    except ImportError as e:
-        raise MissingDependencyError("reading images needs Pillow (pip install pillow; matplotlib, in the bench "
-                                     "extra, also installs it)") from e
-    try:
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            w, h = im.size
-            side = min(w, h)
-            left, top = (w - side) // 2, (h - side) // 2
-            im = im.crop((left, top, left + side, top + side)).resize((size, size), Image.BILINEAR)
-            a = np.asarray(im, dtype=np.float32) / 255.0
-    except (OSError, ValueError, SyntaxError) as exc:  # Pillow's errors for a damaged or unknown file
-        raise DataError(f"mvsa: {str(path)!r} cannot be read as an image: {exc}") from None
-    return torch.from_numpy(a).permute(2, 0, 1).contiguous()
