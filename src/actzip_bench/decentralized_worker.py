@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(runs, f)
+    dist.barrier()  # every rank done with every message before any closes its connections
+    print(f"finished {dist.get_rank()}", flush=True)
     dist.destroy_process_group()
     return 0
 

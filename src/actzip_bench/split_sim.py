@@ -54,7 +54,8 @@ class SplitSimConfig:
     data_root: str | None = None  # the local copy of a data set read from disk (crema-d, mvsa)
     # the client's encoders: "linear" (Linear + ReLU on each modality's flattened input, `widths` features out) or
     # "conv" (spatial modalities through a 3x3 Conv2d, or a Conv1d over time, + ReLU: `channels` feature maps,
-    # space last, which is what SL-FAC's DCT runs along; the other modalities linear)
+    # kept in their shape, [channels, height, width] or [channels, time], which SL-FAC's DCT runs over; the other
+    # modalities linear)
     client: str = "linear"
     # features the linear encoders send per modality; None: the suite's default (the synthetic suite's image,
     # sensor, distractor: 256, 16, 256; elsewhere each modality's input size, at most 256)
@@ -92,8 +93,8 @@ class SplitSimConfig:
 
 def _encoder(shape: tuple[int, ...], width: int, client: str, channels: int) -> nn.Module:
     """One modality's client layers for samples of ``shape``."""
-    if client == "conv" and len(shape) == 3:  # [C, H, W] -> [channels, H * W]
-        return nn.Sequential(nn.Conv2d(shape[0], channels, 3, padding=1), nn.ReLU(), nn.Flatten(2))
+    if client == "conv" and len(shape) == 3:  # [C, H, W] -> [channels, H, W]
+        return nn.Sequential(nn.Conv2d(shape[0], channels, 3, padding=1), nn.ReLU())
     if client == "conv" and len(shape) == 2:  # [features, time] -> [channels, time]
         return nn.Sequential(nn.Conv1d(shape[0], channels, 3, padding=1), nn.ReLU())
     return nn.Sequential(nn.Flatten(1), nn.Linear(math.prod(shape), width), nn.ReLU())

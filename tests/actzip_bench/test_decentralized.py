@@ -8,7 +8,7 @@ import pytest
 
 from actzip.errors import ConfigError
 from actzip.errors import ActzipError
-from actzip_bench.decentralized import merge_records, run_decentralized
+from actzip_bench.decentralized import failure_lines, merge_records, run_decentralized
 from actzip_bench.decentralized_config import METHODS, DecentralizedBenchConfig, method_boundary
 
 ROW_FIELDS = {"method", "pp_bytes_per_step", "dp_bytes_per_step", "final_loss", "tokens", "time_to_target_s"}
@@ -101,3 +101,18 @@ def test_methods_train_on_until_dense_loss_with_until_target():
     assert mask["tokens"] == rows["dense"]["tokens"]  # equal tokens for the final loss
     with pytest.raises(ConfigError, match="until_target"):
         DecentralizedBenchConfig(until_target=0.5)
+
+
+def test_a_failure_shows_the_ranks_errors_and_torchruns_root_cause_without_warnings():
+    stderr = "\n".join([
+        "/x/trainer.py:113: UserWarning: actzip SpectralCorrection: no anchor gradient yet",
+        "  self.correction.correct()",
+        "actzip: error: rank 1: the peer went away",
+        "",
+        "Root Cause (first observed failure):",
+        "  exitcode  : -6 (pid: 7)  (SIGABRT)",
+    ])
+    got = failure_lines(stderr).splitlines()
+    assert got == ["actzip: error: rank 1: the peer went away", "Root Cause (first observed failure):",
+                   "  exitcode  : -6 (pid: 7)  (SIGABRT)"]
+    assert len(failure_lines("\n".join(f"line {i}" for i in range(100)), keep=5).splitlines()) == 5

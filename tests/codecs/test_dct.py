@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import actzip
-from actzip.codecs.dct import BAND_BITS, allocate_bits, dct, idct
+from actzip.codecs.dct import BAND_BITS, allocate_bits, dct, frequency_order, idct
 from actzip.errors import ConfigError
 
 
@@ -93,3 +93,46 @@ def test_bad_options_and_input_are_refused():
         codec.encode(torch.tensor(1.0))
     with pytest.raises(ConfigError, match="inf or NaN"):
         codec.encode(torch.full((2, 16), float("nan")))
+
+
+def test_planes_take_scipys_2d_dct_in_zig_zag_order_and_come_back():
+    scipy_fft = pytest.importorskip("scipy.fft")
+    assert frequency_order(3, 3).tolist() == [0, 1, 3, 2, 4, 6, 5, 7, 8]  # by u + v, then by u
+    g = torch.Generator().manual_seed(0)
+    coef = torch.zeros(64, 3, 6 * 8, dtype=torch.float64)
+    coef[..., frequency_order(6, 8)[:6]] = torch.randn(64, 3, 6, generator=g, dtype=torch.float64)  # band 0 only
+    x = torch.from_numpy(scipy_fft.idctn(coef.reshape(64, 3, 6, 8).numpy(), type=2, norm="ortho", axes=(-2, -1)))
+    codec = actzip.codecs.get("dct", bits=1, bands=8, dims=2, group_size=64, rounding="nearest")
+    p = codec.encode(x)
+    assert p.meta["dims"] == 2 and p.meta["band_bits"][0] == 8 and not any(p.meta["band_bits"][1:])
+    assert p.meta["dropped_energy"] < 1e-12 * float(x.square().sum())  # scipy's low band is all it holds
+    y = codec.decode(p)
+    assert y.shape == x.shape and y.dtype == x.dtype and (y - x).norm() / x.norm() < 0.01
+    with pytest.raises(ConfigError, match="axis must be -1"):
+        actzip.codecs.get("dct", dims=2, axis=0)
+    with pytest.raises(ConfigError, match="dims"):
+        actzip.codecs.get("dct", dims=3)
+    with pytest.raises(ConfigError, match="group_size"):
+        actzip.codecs.get("dct", group_size=12)
+    with pytest.raises(ConfigError, match="dims=2 needs"):
+        actzip.codecs.get("dct", dims=2, bands=1).encode(torch.randn(16))
+
+
+def test_a_width_coarser_than_the_bands_spread_is_skipped_for_a_finer_one():
+    energy, widths = [1.0, 1.0], [8, 8]
+    useless_one_bit = [[9.0, 0.5, 0.01, 1e-6], [9.0, 0.5, 0.01, 1e-6]]  # one bit of a wide range: worse than none
+    got = allocate_bits(energy, widths, 1.0, useless_one_bit)
+    assert got == [2, 0]  # the budget goes to two bits of one band, not one bit of each
+    assert allocate_bits(energy, widths, 0.5, useless_one_bit) == [0, 0]  # nothing worth sending fits
+
+
+def test_shared_ranges_cost_one_pair_a_group():
+    x = _smooth(256, 64)
+    alone = actzip.codecs.get("dct", bits=4, bands=8, rounding="nearest").encode(x)
+    shared = actzip.codecs.get("dct", bits=4, bands=8, group_size=256, rounding="nearest").encode(x)
+    assert shared.nbytes < alone.nbytes
+    for p, group in ((alone, 8), (shared, 256)):
+        pairs = sum(t.numel() for k, t in p.buffers.items() if k.endswith("_lo"))
+        want = sum(-(-(b - a) * 256 // group) if group == 256 else 256 * -(-(b - a) // 8)
+                   for a, b, k in zip(p.meta["edges"], p.meta["edges"][1:], p.meta["band_bits"]) if k)
+        assert pairs == want

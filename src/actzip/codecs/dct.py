@@ -1,17 +1,23 @@
 """The ``dct`` codec (SL-FAC): a tensor in the frequency domain, its spectral bands given bits by their energy.
 
-Along one axis (``axis``, default the last) every line of the tensor is taken through an orthonormal DCT-II
-(:func:`dct` / :func:`idct`, through ``torch.fft``, so on any device). The ``L`` coefficients of a line are cut
-into ``bands`` contiguous bands of (nearly) equal width; each band's energy is the mean square of its
-coefficients over the whole tensor. Bits go to bands greedily, the largest drop in the distortion model
-``energy * width * 4**-bits`` per bit spent first, from {0, 1, 2, 4, 8} bits a coefficient, until the budget of
-``bits`` a coefficient on average is spent; each band is then coded by the ``quant`` codec at its width (groups
-of a line's band, min-max scale, stochastic rounding). A band given 0 bits is not sent and decodes to zero.
+Along one axis (``axis``, default the last; ``dims=1``) or over the last two axes (``dims=2``: a feature map's
+height and width) every line or plane of the tensor is taken through an orthonormal DCT-II (:func:`dct` /
+:func:`idct`, through ``torch.fft``, so on any device). Its ``L`` coefficients, in order of frequency (a plane's
+in zig-zag order: by the sum of its two frequencies), are cut into ``bands`` contiguous bands of (nearly) equal
+width; each band's energy is the mean square of its coefficients over the whole tensor. Each band is coded by the
+``quant`` codec (min-max groups of ``group_size`` of the band's coefficients, one line's after another,
+stochastic rounding) at a width from {0, 1, 2, 4, 8} bits a coefficient: greedily, the largest drop of the
+expected squared error per bit spent first, until the budget of ``bits`` a coefficient on average is spent. The
+error of a band is its energy unsent and, sent at ``k`` bits, its groups' mean squared span times
+``1 / (6 (2**k - 1)**2)`` (stochastic rounding's mean; nearest's is half that): measured on the tensor, so a
+width whose steps are coarser than the band's own spread (one bit of a wide range) is not spent on it. A band
+given 0 bits is not sent and decodes to zero. The budget counts the codes only: a group's minimum and span (two
+float32) add ``64 / group_size`` bits a sent coefficient.
 
 Guarantee: with stochastic rounding the decoded tensor is, in expectation, the tensor's projection onto the sent
 bands (unbiased there: the DCT is linear and orthonormal); the bands left out are the whole error of that
 expectation, their energy reported in ``meta["dropped_energy"]``. Every sent coefficient is within one quant step
-of its band's line range (the ``quant`` codec's bound), and the orthonormal inverse keeps the error's energy.
+of its group's range (the ``quant`` codec's bound), and the orthonormal inverse keeps the error's energy.
 """
 
 from __future__ import annotations
@@ -23,13 +29,13 @@ import torch
 from actzip.codecs.base import Codec
 from actzip.codecs.lossy import ROUNDINGS
 from actzip.codecs.quant import QuantCodec
-from actzip.core.checks import check_choice, check_seed
+from actzip.core.checks import check_choice, check_group_size, check_seed
 from actzip.core.dtypes import LOSSY_DTYPES
 from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
 from actzip.errors import ConfigError
 
-__all__ = ["BAND_BITS", "DCTCodec", "allocate_bits", "dct", "idct"]
+__all__ = ["BAND_BITS", "DCTCodec", "allocate_bits", "dct", "frequency_order", "idct"]
 
 BAND_BITS = (0, 1, 2, 4, 8)  # bits a coefficient a band may get (0: the band is not sent)
 
@@ -63,30 +69,42 @@ def idct(c: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def allocate_bits(energy: list[float], widths: list[int], bits: float) -> list[int]:
-    """Bits a coefficient per band (from :data:`BAND_BITS`) for an average of ``bits``: greedily, the largest
-    drop of ``energy * width * 4**-b`` per bit spent, while the budget ``bits * sum(widths)`` allows."""
+def frequency_order(height: int, width: int) -> torch.Tensor:
+    """The zig-zag order of a ``height x width`` plane of 2-D DCT coefficients (row-major indices): by the sum of
+    the two frequencies, then by the vertical one."""
+    u = torch.arange(height).repeat_interleave(width)
+    v = torch.arange(width).repeat(height)
+    return torch.argsort((u + v) * (height + 1) + u)
+
+
+def allocate_bits(energy: list[float], widths: list[int], bits: float,
+                  errors: list[list[float]] | None = None) -> list[int]:
+    """Bits a coefficient per band (from :data:`BAND_BITS`) for an average of ``bits``: greedily, the largest drop
+    of the expected squared error per bit spent, while the budget ``bits * sum(widths)`` allows. A band's error
+    is ``energy`` unsent and ``errors[band][j]`` a coefficient at ``BAND_BITS[j + 1]`` bits (default the
+    high-resolution model ``energy * 4**-bits``); a band may jump several widths at once, so a width that
+    costs more than it saves (one bit of a wide range) does not block the next."""
     budget = bits * sum(widths)
+    curve = [[e] + (list(errors[i]) if errors is not None else [e * 4.0 ** -k for k in BAND_BITS[1:]])
+             for i, e in enumerate(energy)]
     got = [0] * len(widths)
     spent = 0.0
     while True:
         best, best_gain = None, 0.0
-        for i, (e, w) in enumerate(zip(energy, widths)):
+        for i, w in enumerate(widths):
             level = BAND_BITS.index(got[i])
-            if level + 1 == len(BAND_BITS):
-                continue
-            nxt = BAND_BITS[level + 1]
-            cost = (nxt - got[i]) * w
-            if spent + cost > budget + 1e-9:
-                continue
-            gain = e * w * (4.0 ** -got[i] - 4.0 ** -nxt) / cost
-            if gain > best_gain:
-                best, best_gain = i, gain
+            for j in range(level + 1, len(BAND_BITS)):
+                cost = (BAND_BITS[j] - got[i]) * w
+                if spent + cost > budget + 1e-9:
+                    break
+                gain = (curve[i][level] - curve[i][j]) * w / cost
+                if gain > best_gain:
+                    best, best_gain = (i, j), gain
         if best is None:
             return got
-        nxt = BAND_BITS[BAND_BITS.index(got[best]) + 1]
-        spent += (nxt - got[best]) * widths[best]
-        got[best] = nxt
+        i, j = best
+        spent += (BAND_BITS[j] - got[i]) * widths[i]
+        got[i] = BAND_BITS[j]
 
 
 @register_codec("dct")
@@ -96,7 +114,10 @@ class DCTCodec(Codec):
     Options:
       bits: average bits a coefficient, over the whole spectrum (a positive number up to 8).
       bands: spectral bands a line is cut into (1 to the line's length).
-      axis: the axis the DCT runs along.
+      axis: the axis the DCT runs along (``dims=1``).
+      dims: 1 (lines along ``axis``) or 2 (planes of the last two axes, coefficients in zig-zag order).
+      group_size: coefficients of a band sharing one minimum and span (a multiple of 8), one line's after
+        another; ``None``: each line's band alone (the band's width rounded up to 8).
       rounding: ``"stochastic"`` (unbiased on the sent bands) or ``"nearest"``.
       seed: seed of the stochastic rounding (``None`` means 0).
     """
@@ -105,46 +126,92 @@ class DCTCodec(Codec):
     unbiased = False  # only on the bands it sends
     dtypes = LOSSY_DTYPES
 
-    def __init__(self, *, bits: float = 4.0, bands: int = 8, axis: int = -1, rounding: str = "stochastic",
-                 seed: int | None = None) -> None:  # fmt: skip
+    def __init__(self, *, bits: float = 4.0, bands: int = 8, axis: int = -1, dims: int = 1, group_size: int | None = None,
+                 rounding: str = "stochastic", seed: int | None = None) -> None:  # fmt: skip
         if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 < bits <= 8:
             raise ConfigError(f"dct: option bits must be a number in (0, 8] (average bits a coefficient), got {bits!r}")
         if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
             raise ConfigError(f"dct: option bands must be a positive int, got {bands!r}")
         if isinstance(axis, bool) or not isinstance(axis, int):
             raise ConfigError(f"dct: option axis must be an int, got {axis!r}")
+        if dims not in (1, 2) or isinstance(dims, bool):
+            raise ConfigError(f"dct: option dims must be 1 (along axis) or 2 (the last two axes), got {dims!r}")
+        if dims == 2 and axis != -1:
+            raise ConfigError(f"dct: dims=2 runs over the last two axes; option axis must be -1, got {axis!r}")
+        if group_size is not None:
+            check_group_size("dct", group_size)
         check_choice("dct", "rounding", rounding, ROUNDINGS)
         check_seed("dct", seed)
         self.bits, self.bands, self.axis, self.rounding, self.seed = float(bits), bands, axis, rounding, seed
+        self.dims, self.group_size = dims, group_size
         self._encodes = 0  # each encode draws its own rounding stream
 
     def options(self) -> dict:
-        return {"bits": self.bits, "bands": self.bands, "axis": self.axis, "rounding": self.rounding,
-                "seed": self.seed}
+        return {"bits": self.bits, "bands": self.bands, "axis": self.axis, "dims": self.dims,
+                "group_size": self.group_size, "rounding": self.rounding, "seed": self.seed}
 
     def _lines(self, x: torch.Tensor, name: str) -> tuple[torch.Tensor, int]:
         if x.dim() == 0:
             raise ConfigError(f"dct: {name} is a scalar; the DCT needs an axis")
+        if x.dim() < self.dims:
+            raise ConfigError(f"dct: {name} has {x.dim()} dimensions; dims={self.dims} needs at least {self.dims}")
         axis = self.axis % x.dim() if -x.dim() <= self.axis < x.dim() else None
         if axis is None:
             raise ConfigError(f"dct: option axis={self.axis} is out of range for {name} of {x.dim()} dimensions")
-        if x.shape[axis] < self.bands:
-            raise ConfigError(f"dct: {name} has {x.shape[axis]} elements along axis {axis}, fewer than "
-                              f"bands={self.bands}")
-        return x.movedim(axis, -1), axis
+        length = math.prod(x.shape[-2:]) if self.dims == 2 else x.shape[axis]
+        if length < self.bands:
+            raise ConfigError(f"dct: {name} has {length} coefficients a {'plane' if self.dims == 2 else 'line'}, "
+                              f"fewer than bands={self.bands}")
+        return (x if self.dims == 2 else x.movedim(axis, -1)), axis
+
+    def _forward(self, lines: torch.Tensor) -> torch.Tensor:
+        """Coefficients ``[rows, L]`` in order of frequency."""
+        if self.dims == 1:
+            return dct(lines).reshape(-1, lines.shape[-1])
+        h, w = lines.shape[-2:]
+        c = dct(dct(lines).transpose(-1, -2)).transpose(-1, -2).reshape(-1, h * w)
+        return c[:, frequency_order(h, w).to(c.device)]
+
+    @staticmethod
+    def _inverse(c: torch.Tensor, lines_shape: tuple, dims: int) -> torch.Tensor:
+        if dims == 1:
+            return idct(c).reshape(lines_shape)
+        h, w = lines_shape[-2:]
+        plane = torch.empty_like(c)
+        plane[:, frequency_order(h, w).to(c.device)] = c
+        plane = plane.reshape(lines_shape)
+        return idct(idct(plane.transpose(-1, -2)).transpose(-1, -2))
+
+    def _band_stats(self, band: torch.Tensor) -> torch.Tensor:
+        """A band's energy (mean square) and its quant groups' mean squared span, as one tensor."""
+        flat = band.reshape(-1)
+        g = self._group(band.shape[-1])
+        whole = flat.numel() // g * g
+        groups = flat[:whole].reshape(-1, g) if whole else flat.reshape(1, -1)
+        span = groups.amax(dim=1) - groups.amin(dim=1)
+        return torch.stack([flat.square().mean(), span.square().mean()])
+
+    def _group(self, width: int) -> int:
+        """The quant groups of a band ``width`` coefficients a line wide: ``group_size``, else one line's band."""
+        return self.group_size if self.group_size is not None else -(-width // 8) * 8
 
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
         self.check(x, name)
         lines, axis = self._lines(x, name)
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
-        c = dct(lines.to(work)).reshape(-1, lines.shape[-1])
+        c = self._forward(lines.to(work))
         n = c.shape[-1]
         edges = [round(i * n / self.bands) for i in range(self.bands + 1)]
         widths = [edges[i + 1] - edges[i] for i in range(self.bands)]
-        energy = [float(c[:, a:b].square().mean()) for a, b in zip(edges, edges[1:])]  # one sync a band
-        if not all(math.isfinite(e) for e in energy):
+        stats = torch.stack([self._band_stats(c[:, a:b]) for a, b in zip(edges, edges[1:])]).tolist()  # one sync
+        energy = [e for e, _ in stats]
+        if not all(math.isfinite(e) and math.isfinite(sq) for e, sq in stats):
             raise ConfigError(f"dct: {name} has inf or NaN values")
-        band_bits = allocate_bits(energy, widths, self.bits)
+        # a b-bit group's step is its span / (2**b - 1); stochastic rounding's error is f(1 - f) steps squared
+        # (1/6 of a step squared on average), nearest's 1/12
+        share = 1 / 6 if self.rounding == "stochastic" else 1 / 12
+        errors = [[min(e, sq * share / (2**k - 1) ** 2) for k in BAND_BITS[1:]] for e, sq in stats]
+        band_bits = allocate_bits(energy, widths, self.bits, errors)
         seed = (0 if self.seed is None else self.seed) * 1_000_003 + self._encodes
         self._encodes += 1
         buffers, metas = {}, []
@@ -153,21 +220,22 @@ class DCTCodec(Codec):
                 metas.append(None)
                 continue
             band = c[:, a:b].contiguous()
-            q = QuantCodec(bits=k, group_size=-(-(b - a) // 8) * 8, rounding=self.rounding, seed=seed + i,
+            q = QuantCodec(bits=k, group_size=self._group(b - a), rounding=self.rounding, seed=seed + i,
                            kernel="torch")  # fmt: skip
             p = q.encode(band, name=f"{name} band {i}")
             buffers.update({f"b{i}_{key}": t for key, t in p.buffers.items()})
             metas.append((q.options(), p.meta))
         dropped = math.fsum(e * w for e, w, k in zip(energy, widths, band_bits) if k == 0) * c.shape[0]
         return Payload(self.name, x.shape, x.dtype, x.device, buffers=buffers,
-                       meta={"axis": axis, "edges": edges, "band_bits": band_bits, "bands": metas,
+                       meta={"axis": axis, "dims": self.dims, "edges": edges, "band_bits": band_bits, "bands": metas,
                              "lines_shape": tuple(lines.shape), "work": work, "dropped_energy": dropped})
 
     def decode(self, payload: Payload) -> torch.Tensor:
         p = self._own(payload)
         m = p.meta
-        rows = math.prod(m["lines_shape"][:-1])
-        c = torch.zeros(rows, m["lines_shape"][-1], dtype=m["work"], device=p.device)
+        dims = m.get("dims", 1)
+        rows = math.prod(m["lines_shape"][:-dims])
+        c = torch.zeros(rows, math.prod(m["lines_shape"][-dims:]), dtype=m["work"], device=p.device)
         for i, (a, b, band) in enumerate(zip(m["edges"], m["edges"][1:], m["bands"])):
             if band is None:
                 continue
@@ -175,5 +243,5 @@ class DCTCodec(Codec):
             q = QuantCodec(**options)
             bufs = {key.split("_", 1)[1]: t for key, t in p.buffers.items() if key.startswith(f"b{i}_")}
             c[:, a:b] = q.decode(Payload(q.name, torch.Size((rows, b - a)), m["work"], p.device, buffers=bufs, meta=meta))
-        lines = idct(c).reshape(m["lines_shape"])
-        return lines.movedim(-1, m["axis"]).to(p.dtype).contiguous()
+        lines = self._inverse(c, m["lines_shape"], dims)
+        return (lines if dims == 2 else lines.movedim(-1, m["axis"])).to(p.dtype).contiguous()

@@ -9,14 +9,16 @@ spends them its own way (:data:`COMPRESSORS`):
   a seed both ends know, so only the values travel (bf16). The gradient returns through the same positions.
 - ``topk``: the ``k`` largest magnitudes of each sample, exact (bf16), with their indices: ``k`` is what fits.
   The gradient returns at the same positions, values only (the client knows its indices).
-- ``dct``: SL-FAC, the :mod:`actzip.codecs.dct` codec along the features at the largest average bits a value
-  (from :data:`DCT_BITS`) whose payload, band and group parameters included, fits; the gradient goes back
-  through the same codec at the same bits (both directions, as SL-FAC);
+- ``dct``: SL-FAC, the :mod:`actzip.codecs.dct` codec (over each feature map's plane, or along the last axis)
+  at the largest average bits a value (from :data:`DCT_BITS`) whose payload, band and group parameters
+  included, fits; the gradient goes back through the same codec at the same bits (both directions, as SL-FAC);
 - ``quant``: uniform min-max quantization (:mod:`actzip.codecs.quant`, one group a sample) at the largest of 1,
   2, 4, 8 bits whose payload fits, the gradient likewise: the baseline SL-FAC is measured against.
 
-Activations are ``[batch, ...]``: ``dct`` runs along their last axis as they are (a convolutional client's
-feature maps, space last, whose spectrum SL-FAC exploits), the others see them as ``[batch, features]``.
+Activations are ``[batch, ...]``: ``dct`` takes them as they are (a convolutional client's feature maps: the
+2-D DCT of each ``[height, width]`` plane of a ``[batch, channels, height, width]`` tensor, the 1-D DCT along
+the last axis of a ``[batch, channels, time]`` one, whose spectra SL-FAC exploits), the others see them as
+``[batch, features]``.
 
 A ratio too small for anything of a modality to fit leaves it out: nothing is sent and the server sees zeros
 (announced once per compressor and width, counted in ``actzip.kernels.runtime.fallback_counts()``).
@@ -41,11 +43,12 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.kernels.runtime import record_fallback
 
-__all__ = ["COMPRESSORS", "DCT_BITS", "Link", "Packed", "Sent", "item_bytes", "least_ratio", "pack", "pack_grad",
+__all__ = ["COMPRESSORS", "DCT_BITS", "DCT_GROUP", "Link", "Packed", "Sent", "item_bytes", "least_ratio", "pack", "pack_grad",
            "send", "unpack", "unpack_grad"]
 
 COMPRESSORS = ("random", "topk", "dct", "quant")
 DCT_BITS = (8.0, 6.0, 4.0, 3.0, 2.0, 1.5, 1.0, 0.75, 0.5, 0.375, 0.25, 0.125)  # tried from the top down
+DCT_GROUP = 256  # dct: coefficients of a band sharing one range (two float32: a quarter bit a coefficient)
 _QUANT_BITS = (8, 4, 2, 1)
 _FITTED: dict[tuple, int] = {}  # (method, ratio, shape, value bits) -> index of the bits that last fitted
 
@@ -99,10 +102,15 @@ def _left_out(link: Link, width: int) -> "Packed":
     return Packed()
 
 
-def _codec(method: str, bits: float, width: int, seed: int):
+def _codec(method: str, bits: float, shape: tuple[int, ...], seed: int):
+    """The codec of ``method`` at ``bits`` for wire tensors of ``shape``: ``dct`` over each feature map's plane
+    (``[batch, channels, height, width]``) or along the last axis, its bands' ranges shared by
+    :data:`DCT_GROUP` coefficients; ``quant`` one group a sample."""
     if method == "dct":
-        return codecs.get("dct", bits=bits, bands=min(8, width), seed=seed)
-    return codecs.get("quant", bits=int(bits), group_size=-(-width // 8) * 8, seed=seed)
+        dims = 2 if len(shape) >= 4 else 1
+        return codecs.get("dct", bits=bits, bands=min(8, math.prod(shape[-dims:])), dims=dims, group_size=DCT_GROUP,
+                          seed=seed)
+    return codecs.get("quant", bits=int(bits), group_size=-(-shape[-1] // 8) * 8, seed=seed)
 
 
 @functools.lru_cache(maxsize=256)
@@ -125,15 +133,15 @@ def least_ratio(method: str, shape: tuple[int, ...], value_bits: int = 16) -> fl
     else:
         grid = DCT_BITS if method == "dct" else _QUANT_BITS
         sample = torch.randn(_wire_shape(shape, method), generator=torch.Generator().manual_seed(0))
-        payload = _codec(method, grid[-1], sample.shape[-1], 0).encode(sample, name="least ratio probe")  # its size is the shape's
+        probe = _codec(method, grid[-1], tuple(sample.shape), 0)
+        payload = probe.encode(sample, name="least ratio probe")  # its size is the shape's
         need = max((payload.nbytes + 1) * 8 / dense_bits, grid[-1] / value_bits)
     return min(1.0, need * (1 + 1e-9))  # a hair over: pack's fit tests must pass at exactly this ratio
 
 
 def _wire_shape(shape: tuple[int, ...], method: str) -> tuple[int, ...]:
-    """The shape a compressor works on: ``dct`` runs along the last axis of the activations as they are (a
-    convolutional client's feature maps, space last: the spectrum SL-FAC exploits), the others see
-    ``[batch, features]``."""
+    """The shape a compressor works on: ``dct`` takes the activations as they are (a convolutional client's
+    feature maps: the spectrum SL-FAC exploits), the others see ``[batch, features]``."""
     return tuple(shape) if method == "dct" else (shape[0], math.prod(shape[1:]))
 
 
@@ -161,7 +169,7 @@ def pack(a: torch.Tensor, link: Link) -> Packed:
     key = (link.method, link.ratio, tuple(a.shape), link.value_bits)
     top = next((i for i, b in enumerate(grid) if b <= link.ratio * link.value_bits), len(grid))
     for i in range(max(_FITTED.get(key, top), top), len(grid)):
-        codec = _codec(link.method, grid[i], width, link.seed)
+        codec = _codec(link.method, grid[i], tuple(a.shape), link.seed)
         payload = codec.encode(a.contiguous(), name="uplink activations")
         if payload.nbytes + 1 <= budget:  # and one byte: which bits of the grid
             _FITTED[key] = i
@@ -188,7 +196,7 @@ def unpack(items: dict, link: Link, shape: tuple[int, ...], dtype: torch.dtype, 
         view = torch.zeros(wshape, dtype=dtype, device=device)
         return view.scatter(1, idx, items["values"].to(device=device, dtype=dtype)).reshape(shape), idx
     grid = DCT_BITS if link.method == "dct" else _QUANT_BITS
-    codec = _codec(link.method, grid[int(items["bits"][0])], wshape[-1], link.seed)
+    codec = _codec(link.method, grid[int(items["bits"][0])], wshape, link.seed)
     return codec.decode(items["payload"]).to(device=device, dtype=dtype).reshape(shape), codec
 
 

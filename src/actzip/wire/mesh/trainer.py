@@ -21,6 +21,7 @@ import torch.distributed as dist
 from actzip.errors import ConfigError
 from actzip.wire.anchor import AnchorConfig, SpectralConfig, SpectralCorrection
 from actzip.wire.dp import DPConfig, DPMeter, GradSync, OuterConfig, OuterSync, sync_factored_grads
+from actzip.wire.dp.agree import check_same_config
 from actzip.wire.link import Action
 from actzip.wire.mesh.anchors import PipelineAnchors
 from actzip.wire.mesh.fingerprint import check_replicas_agree
@@ -70,11 +71,16 @@ class TwoCircuit:
         self.mesh, self.cfg = mesh, config if config is not None else TwoCircuitConfig()
         module = stages[mesh.stage] if isinstance(stages, (list, tuple)) else stages
         self.module = module
+        dp = self.cfg.dp
+        if dp is not None:  # before any pipeline traffic: a refused rank leaves no message half-sent behind it
+            check_same_config("TwoCircuit", {
+                "dp": dataclasses.asdict(dp) if dataclasses.is_dataclass(dp) else dp, "kind": type(dp).__name__,
+                "parameters": [[n, list(p.shape)] for n, p in module.named_parameters() if p.requires_grad]},
+                mesh.dp_group)
         self.pipe = Pipeline(module, pipeline, device=device, loss_fn=loss_fn, distributed=True,
                              group=mesh.pipe_group, down_group=mesh.pipe_down_group, before_update=self._before_update)
         self.worker = self.pipe.workers[0]
         self.params = [p for p in module.parameters() if p.requires_grad]
-        dp = self.cfg.dp
         self.grad_sync = GradSync(module, dp, mesh.dp_group) if isinstance(dp, DPConfig) else None
         self.outer = OuterSync(module, dp, mesh.dp_group) if isinstance(dp, OuterConfig) else None
         self.factored_meter = DPMeter() if dp == "factored" else None
