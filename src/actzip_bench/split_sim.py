@@ -129,13 +129,8 @@ def _scores(policy: str, model: _Split, views: list[torch.Tensor], y: torch.Tens
         leaves = [v.clone().requires_grad_() for v in views]
         grads = torch.autograd.grad(F.cross_entropy(model.serve(leaves), y), leaves)
         return [float(g.norm()) for g in grads]
-    def values(coalitions):  # one server forward of the batch repeated once a coalition, the absent masked
-        stacked = [torch.cat([v if i in c else torch.zeros_like(v) for c in coalitions]) for i, v in enumerate(views)]
-        out = model.serve(stacked).chunk(len(coalitions))
-        return torch.stack([-F.cross_entropy(o, y) for o in out]).tolist()
-
     with torch.no_grad():
-        return list(shapley(values, len(views), batched=True).values)
+        return list(shapley(lambda s: -float(F.cross_entropy(model.serve(views, set(s)), y)), len(views)).values)
 
 
 def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:

@@ -76,23 +76,3 @@ def test_bad_input_is_refused():
         shapley(lambda s: "high", 2)
     with pytest.raises(ConfigError, match="finite"):
         shapley(lambda s: float("nan"), 2)
-
-
-def test_batched_scoring_takes_every_coalition_in_one_call_and_gives_the_same_values():
-    v = _game(5)
-    calls = []
-
-    def batch(coalitions):
-        calls.append(list(coalitions))
-        return [v(s) for s in coalitions]
-
-    for samples in (None, 30):
-        calls.clear()
-        one = shapley(v, 5, samples=samples, seed=1)
-        got = shapley(batch, 5, samples=samples, seed=1, batched=True)
-        assert len(calls) == 1 and len(set(calls[0])) == len(calls[0]) == got.evaluations
-        assert got.values == one.values and got.stderr == one.stderr
-    with pytest.raises(ConfigError, match="returned 1 values for 8"):
-        shapley(lambda cs: [0.0], 3, batched=True)
-    with pytest.raises(ConfigError, match="one value a coalition"):
-        shapley(lambda cs: 0.0, 3, batched=True)

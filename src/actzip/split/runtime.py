@@ -222,14 +222,9 @@ class SplitServer:
 
     def _refresh(self, client: int, views: list[torch.Tensor], labels: torch.Tensor) -> None:
         cfg = self.config
-        def values(coalitions):  # one forward of the batch repeated once a coalition, the absent masked
-            stacked = [torch.cat([v if i in c else torch.zeros_like(v) for c in coalitions])
-                       for i, v in enumerate(views)]
-            out = self.model(torch.cat(stacked, dim=1)).chunk(len(coalitions))
-            return torch.stack([-self.loss_fn(o, labels) for o in out]).tolist()
-
         with torch.no_grad():
-            scores = shapley(values, len(views), batched=True)
+            scores = shapley(lambda s: -float(self._loss([v if i in s else torch.zeros_like(v)
+                                                          for i, v in enumerate(views)], labels)), len(views))
         self.ratios[client] = list(keep_ratios(scores.values, cfg.sizes, cfg.budget,
                                                floor=cfg.floor(labels.shape[0])).ratios)
         self.history.append({"client": client, "step": self.steps[client], "scores": list(scores.values),
