@@ -200,7 +200,7 @@ def run_decentralized(cfg: DecentralizedBenchConfig, progress: Callable[[str], N
             runs = json.load(f)
     rows = summarize(cfg, runs)
     return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
-            "machine": machine_record(device)}
+            "machine": machine_record(device), "teardown_exit": code}  # non-zero: a rank failed in teardown only
 
 
 def failure_lines(stderr: str, keep: int = 30) -> str:

@@ -26,6 +26,7 @@ def record():
 def test_every_method_has_a_row_with_the_documented_fields(record):
     rows = record["rows"]
     assert [r["method"] for r in rows] == ["dense", "bf16", "mask+diloco", "two-circuit", "pca"]
+    assert isinstance(record["teardown_exit"], int)  # non-zero only where gloo failed in teardown (announced)
     for r in rows:
         assert ROW_FIELDS <= set(r)
         assert r["tokens"] == 6 * 8 * 16 * 2 and len(r["losses"]) == 6

@@ -126,8 +126,9 @@ class DCTCodec(Codec):
     unbiased = False  # only on the bands it sends
     dtypes = LOSSY_DTYPES
 
-    def __init__(self, *, bits: float = 4.0, bands: int = 8, axis: int = -1, dims: int = 1, group_size: int | None = None,
-                 rounding: str = "stochastic", seed: int | None = None) -> None:  # fmt: skip
+    def __init__(self, *, bits: float = 4.0, bands: int = 8, axis: int = -1, dims: int = 1,
+                 group_size: int | None = None, rounding: str = "stochastic",
+                 seed: int | None = None) -> None:  # fmt: skip
         if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 < bits <= 8:
             raise ConfigError(f"dct: option bits must be a number in (0, 8] (average bits a coefficient), got {bits!r}")
         if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
@@ -242,6 +243,7 @@ class DCTCodec(Codec):
             options, meta = band
             q = QuantCodec(**options)
             bufs = {key.split("_", 1)[1]: t for key, t in p.buffers.items() if key.startswith(f"b{i}_")}
-            c[:, a:b] = q.decode(Payload(q.name, torch.Size((rows, b - a)), m["work"], p.device, buffers=bufs, meta=meta))
+            shape = torch.Size((rows, b - a))
+            c[:, a:b] = q.decode(Payload(q.name, shape, m["work"], p.device, buffers=bufs, meta=meta))
         lines = self._inverse(c, m["lines_shape"], dims)
         return (lines if dims == 2 else lines.movedim(-1, m["axis"])).to(p.dtype).contiguous()

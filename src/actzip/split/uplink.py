@@ -43,8 +43,8 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.kernels.runtime import record_fallback
 
-__all__ = ["COMPRESSORS", "DCT_BITS", "DCT_GROUP", "Link", "Packed", "Sent", "item_bytes", "least_ratio", "pack", "pack_grad",
-           "send", "unpack", "unpack_grad"]
+__all__ = ["COMPRESSORS", "DCT_BITS", "DCT_GROUP", "Link", "Packed", "Sent", "item_bytes", "least_ratio", "pack",
+           "pack_grad", "send", "unpack", "unpack_grad"]
 
 COMPRESSORS = ("random", "topk", "dct", "quant")
 DCT_BITS = (8.0, 6.0, 4.0, 3.0, 2.0, 1.5, 1.0, 0.75, 0.5, 0.375, 0.25, 0.125)  # tried from the top down
