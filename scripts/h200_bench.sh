@@ -21,7 +21,9 @@
 #   wire-long-context-16x (the same under seed 1; about 16x with those anchors), wire-long-context-16x-seed1,
 #   wire-longest-context (2400 steps of the 107x entry with those anchors, and of its control), recheck-memory,
 #   recheck-cache and recheck-wire (short subsets of earlier runs, to compare with them), wire-baselines-time and
-#   wire-baselines (float32, bf16, 8-bit, 4-bit and delta dense beside the compressed boundaries, seeds 0-2)
+#   wire-baselines (float32, bf16, 8-bit, 4-bit and delta dense beside the compressed boundaries, seeds 0-2),
+#   decentralized-wide-speed and decentralized-wide-loss (bench decentralized at a wire-dominated shape: step
+#   times alone, then seeds 0-2 side by side to dense's loss; join them with --merge ... --speed)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -55,6 +57,9 @@ beside() {
   wait
   tail -n 14 "$out/$name"-*.log | tee "$out/$name.log"; rm -f "$out/$name"-*.png "$out/$name"-*.log
 }
+# bench decentralized where the bf16 wire's transfer is many times a step's compute: width 512, 512-token windows
+wide=(--device cuda --n-layer 4 --n-embd 512 --block-size 512 --batch-size 128 --microbatches 4 --schedule gpipe)
+wide_methods="dense,bf16,int8,int4,delta,pca"
 for stage in $stages; do
   echo "== $stage $(date -u +%H:%M:%S)"
   case $stage in
@@ -270,6 +275,18 @@ for stage in $stages; do
       printf '%s\n' "${jobs[@]}" | xargs -P 12 -I{} bash -c 'spec="${1%|*}"; name="${1##*|}"; name=${name//:/-}
         python3 -m actzip_bench bench wire '"${wire300[*]}"' --target-steps 2 $spec \
           --json "'"$out"'/wire-baselines/$name.json" > "'"$out"'/wire-baselines/$name.log" 2>&1 || echo "FAILED $name"' _ {} ;;
+    decentralized-wide-speed)  # the wide shape's step times, one seed alone on the machine (the loss runs' times)
+      az bench decentralized "${wide[@]}" --pretrain-steps 20 --steps 20 --seeds 0 --tasks domain \
+        --methods "$wide_methods,pca+diloco,pca+powersgd" --json "$out/decentralized-wide-speed.json" ;;
+    decentralized-wide-loss)  # seeds 0-2 side by side on the one GPU, each training on (to twice the steps) to
+      # dense's loss: losses and the steps to the target count, their step times come from the speed record
+      for seed in 0 1 2; do
+        az bench decentralized "${wide[@]}" --pretrain-steps 300 --steps 40 --until-target 2 --seeds $seed \
+          --methods "$wide_methods" --json "$out/decentralized-wide-loss-s$seed.json" \
+          > "$out/decentralized-wide-loss-s$seed.log" 2>&1 &
+      done
+      wait
+      rm -f "$out"/decentralized-wide-loss-s*.png; tail -n 3 "$out"/decentralized-wide-loss-s*.log ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \

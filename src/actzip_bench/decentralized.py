@@ -33,7 +33,7 @@ from actzip_bench.harness import machine_record
 from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
 
-__all__ = ["merge_records", "pretrain", "run_decentralized", "summarize"]
+__all__ = ["merge_records", "pretrain", "run_decentralized", "summarize", "with_speed"]
 
 
 def pretrain(cfg: DecentralizedBenchConfig, seed: int, corpus, device: torch.device | None = None) -> list[dict]:
@@ -219,6 +219,53 @@ def failure_lines(stderr: str, keep: int = 30) -> str:
     return "\n".join(lines[-keep:])
 
 
+# what sets a step's cost: a speed record must share these with the record whose step times it replaces
+SPEED_KEYS = ("model", "n_layer", "n_embd", "block_size", "stages", "replicas", "batch_size", "microbatches",
+              "schedule", "links", "topk_keep", "mask_keep", "diloco_steps", "anchor_every", "anchor_delay",
+              "spectral_rank")
+
+
+def with_speed(record: dict, speed: dict) -> dict:
+    """``record`` with every step time from ``speed``, a run of the same shapes alone on the machine: runs side
+    by side share a GPU and its host, so their measured compute is not the compute of one run. A row keeps its own
+    losses and the step at which it reached dense's loss; its step times (with and without the data-parallel
+    syncs) become the speed record's median for its method, its time to target that step time times the steps to
+    the target. Its own times stay under ``shared_step_s``."""
+    theirs = json.loads(json.dumps({k: speed["config"][k] for k in SPEED_KEYS}))  # tuples and lists alike
+    mine = json.loads(json.dumps({k: record["config"][k] for k in SPEED_KEYS}))
+    if theirs != mine:
+        diff = sorted(k for k in SPEED_KEYS if theirs[k] != mine[k])
+        raise ActzipError(f"bench decentralized --speed: the speed record ran other shapes ({', '.join(diff)})")
+    solo = {}
+    for a in speed["aggregate"]:
+        for name, link in a["links"].items():
+            solo.setdefault((a["method"], name), []).append((link["step_s"], link["pp_step_s"]))
+    missing = sorted({r["method"] for r in record["rows"]} - {m for m, _ in solo})
+    if missing:
+        raise ActzipError(f"bench decentralized --speed: the speed record has no run of {missing}")
+    rows = []
+    for before in record["rows"]:
+        row = {**before, "links": {}}
+        for name, link in before["links"].items():
+            step = statistics.fmean(s for s, _ in solo[(row["method"], name)])
+            pp = statistics.fmean(p for _, p in solo[(row["method"], name)])
+            n = len(link["cumulative_s"])
+            reach = row["target_step"]
+            row["links"][name] = {"step_s": step, "pp_step_s": pp, "cumulative_s": [step * (i + 1) for i in range(n)],
+                                  "time_to_target_s": None if reach is None else step * (reach + 1),
+                                  "shared_step_s": link["step_s"]}
+        row["time_to_target_s"] = next(iter(row["links"].values()))["time_to_target_s"]
+        rows.append(row)
+    cfg = DecentralizedBenchConfig(**_config_fields(record["config"]))
+    return {**record, "rows": rows, "aggregate": aggregate(cfg, rows), "speed_from": speed.get("command")}
+
+
+def _config_fields(config: dict) -> dict:
+    """A record's config as DecentralizedBenchConfig's fields (JSON lists back to tuples)."""
+    return {k: tuple(tuple(x) for x in v) if k == "links" else tuple(v) if isinstance(v, list) else v
+            for k, v in config.items()}
+
+
 def merge_records(records: list[dict]) -> dict:
     """One record from runs of the same config on other seeds (run side by side), aggregated again."""
     if not records:
@@ -232,9 +279,7 @@ def merge_records(records: list[dict]) -> dict:
         seeds += list(rec["config"]["seeds"])
     if len(set(seeds)) != len(seeds):
         raise ActzipError(f"bench decentralized --merge: seeds repeat across the records: {seeds}")
-    fields = {k: tuple(tuple(x) for x in v) if k == "links" else tuple(v) if isinstance(v, list) else v
-              for k, v in {**first["config"], "seeds": seeds}.items()}
-    cfg = DecentralizedBenchConfig(**fields)
+    cfg = DecentralizedBenchConfig(**_config_fields({**first["config"], "seeds": seeds}))
     rows = [row for rec in records for row in rec["rows"]]
     return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
             "machine": first["machine"], "merged_from": [rec.get("command") for rec in records]}

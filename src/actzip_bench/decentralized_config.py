@@ -53,8 +53,10 @@ METHODS = {
     "pca": ("quant:bits=8", "quant:bits=8", "bf16", None),
     "pca+topk": ("quant:bits=8", "quant:bits=8", "topk", None),
     "pca+diloco": ("quant:bits=8", "quant:bits=8", "diloco", None),
+    # and after the pca runs: its boundary with torch's PowerSGD (rank 4, error feedback) on the replicas
+    "pca+powersgd": ("quant:bits=8", "quant:bits=8", "powersgd", None),
 }
-BOUNDARY = {m: "pca" for m in ("pca", "pca+topk", "pca+diloco")}  # method -> boundary kind (others: dense)
+BOUNDARY = {m: "pca" for m in ("pca", "pca+topk", "pca+diloco", "pca+powersgd")}  # method -> boundary kind (others: dense)
 TRIVIAL = ("bf16", "int8", "int4", "delta")  # the baselines a user would otherwise pick
 TASKS = {"domain": "prose", "continual": "code_late"}  # task -> corpus trained on after pretraining on code_early
 

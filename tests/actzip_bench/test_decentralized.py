@@ -8,7 +8,7 @@ import pytest
 
 from actzip.errors import ConfigError
 from actzip.errors import ActzipError
-from actzip_bench.decentralized import failure_lines, merge_records, run_decentralized
+from actzip_bench.decentralized import failure_lines, merge_records, run_decentralized, with_speed
 from actzip_bench.decentralized_config import METHODS, DecentralizedBenchConfig, method_boundary
 
 ROW_FIELDS = {"method", "pp_bytes_per_step", "dp_bytes_per_step", "final_loss", "tokens", "time_to_target_s"}
@@ -61,6 +61,34 @@ def test_records_of_other_seeds_merge_into_one_and_bad_merges_are_named(record):
     changed["config"]["steps"] = 7
     with pytest.raises(ActzipError, match="another config"):
         merge_records([record, changed])
+
+
+def test_step_times_of_a_run_alone_replace_the_shared_ones_and_the_times_to_target_follow(record):
+    speed = copy.deepcopy(record)
+    speed["config"].update(steps=3, seeds=[5])  # a shorter run on another seed: only the shapes must match
+    for a in speed["aggregate"]:
+        for name, link in a["links"].items():
+            link["step_s"], link["pp_step_s"] = (2.0, 1.5) if a["method"] == "dense" else (0.5, 0.25)
+    out = with_speed(record, speed)
+    assert [r["losses"] for r in out["rows"]] == [r["losses"] for r in record["rows"]]
+    for row, before in zip(out["rows"], record["rows"]):
+        step = 2.0 if row["method"] == "dense" else 0.5
+        for name, link in row["links"].items():
+            assert link["step_s"] == step and link["shared_step_s"] == before["links"][name]["step_s"]
+            reach = row["target_step"]
+            assert link["time_to_target_s"] == (None if reach is None else step * (reach + 1))
+    dense = next(a for a in out["aggregate"] if a["method"] == "dense")
+    bf16 = next(a for a in out["aggregate"] if a["method"] == "bf16")
+    assert bf16["links"]["200mbps-50ms"]["throughput_vs_bf16"] == 1.0
+    assert dense["links"]["200mbps-50ms"]["throughput_vs_bf16"] == 0.25
+    other = copy.deepcopy(speed)
+    other["config"]["n_embd"] = 64
+    with pytest.raises(ActzipError, match="other shapes \\(n_embd\\)"):
+        with_speed(record, other)
+    fewer = copy.deepcopy(speed)
+    fewer["aggregate"] = [a for a in fewer["aggregate"] if a["method"] != "pca"]
+    with pytest.raises(ActzipError, match="no run of \\['pca'\\]"):
+        with_speed(record, fewer)
 
 
 def test_link_times_and_ratios_are_reported_per_link(record):

@@ -27,10 +27,19 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
             with open(path) as f:
                 records.append(json.load(f))
         record = merge_records(records)
+        if args.speed:
+            from actzip_bench.decentralized import with_speed
+
+            with open(args.speed) as f:
+                record = with_speed(record, json.load(f))
         cfg = DecentralizedBenchConfig(**{k: tuple(tuple(x) for x in v) if k == "links" else
                                           tuple(v) if isinstance(v, list) else v for k, v in record["config"].items()})
         record["command"] = command_line(args)
         return _report(record, cfg, args, Console(width=max(Console().width, 160)))
+    if args.speed:
+        from actzip.errors import ConfigError
+
+        raise ConfigError("bench decentralized: --speed replaces the step times of merged records; give --merge too")
     cfg = config_from_args(DecentralizedBenchConfig, args)
     if args.quick:  # the quick settings, except where an option was given
         given = {k: getattr(cfg, k) for k in DecentralizedBenchConfig.__dataclass_fields__
@@ -92,4 +101,6 @@ def add_parsers(bench) -> None:
     db.add_argument("--json", help="write the record here (and a plot next to it)")
     db.add_argument("--merge", help="comma-separated records of the same config on other seeds: one record of "
                     "all of them (no training)")
+    db.add_argument("--speed", help="with --merge: a record of the same shapes run alone on the machine; its step "
+                    "times replace the merged runs' (runs side by side share the GPU), times to target follow")
     db.set_defaults(func=_bench_decentralized)
