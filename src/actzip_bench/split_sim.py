@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from actzip.errors import ConfigError
 from actzip.split import equal_keep_ratios, keep_ratios, shapley
+from actzip.split.coalitions import coalition_values
 from actzip.split.uplink import COMPRESSORS, least_ratio, send
 from actzip_bench.data.multimodal import MultimodalConfig
 from actzip_bench.split_suites import CLIENTS, SUITES, Suite, load_suite
@@ -129,8 +130,7 @@ def _scores(policy: str, model: _Split, views: list[torch.Tensor], y: torch.Tens
         leaves = [v.clone().requires_grad_() for v in views]
         grads = torch.autograd.grad(F.cross_entropy(model.serve(leaves), y), leaves)
         return [float(g.norm()) for g in grads]
-    with torch.no_grad():
-        return list(shapley(lambda s: -float(F.cross_entropy(model.serve(views, set(s)), y)), len(views)).values)
+    return list(shapley(coalition_values(model.server, views, y), len(views)).values)
 
 
 def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:

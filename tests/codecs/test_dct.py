@@ -136,3 +136,37 @@ def test_shared_ranges_cost_one_pair_a_group():
         want = sum(-(-(b - a) * 256 // group) if group == 256 else 256 * -(-(b - a) // 8)
                    for a, b, k in zip(p.meta["edges"], p.meta["edges"][1:], p.meta["band_bits"]) if k)
         assert pairs == want
+
+
+@pytest.mark.parametrize("shape, dims, group", [((64, 8, 4, 8), 2, 256), ((48, 300), 1, None), ((32, 5, 7), 1, 64),
+                                                ((16, 3, 9, 9), 2, None), ((20, 70), 1, 8)])
+def test_a_payload_budget_holds_every_byte_and_the_lowest_band_goes_first(shape, dims, group):
+    g = torch.Generator().manual_seed(len(shape))
+    # heavy tails: one bit of a band's wide range costs more error than it saves, so only min_bands sends it
+    x = torch.randn(shape, generator=g) ** 3
+    for dtype in (torch.float32, torch.float64):
+        for bits in (0.02, 0.1, 0.5, 1.0, 2.5, 8.0):
+            codec = actzip.codecs.get("dct", bits=bits, bands=min(32, math.prod(shape[-dims:])), dims=dims,
+                                      group_size=group, budget="payload", min_bands=1, seed=3)
+            p = codec.encode(x.to(dtype))
+            assert p.nbytes <= bits * x.numel() / 8
+            least = codec.least_bytes(shape, dtype)
+            assert (p.meta["band_bits"][0] > 0) == (least <= bits * x.numel() / 8)
+    free = actzip.codecs.get("dct", bits=0.25, bands=8, group_size=256, seed=3)  # no forced band, codes only
+    forced = actzip.codecs.get("dct", bits=0.25, bands=8, group_size=256, seed=3, budget="payload", min_bands=1)
+    wide = torch.randn(256, 64, generator=g) ** 5
+    assert not any(free.encode(wide).meta["band_bits"]) and forced.encode(wide).meta["band_bits"][0] == 1
+
+
+def test_forced_bands_and_costs_in_the_allocation():
+    energy, widths = [1.0, 1.0], [8, 8]
+    useless_one_bit = [[9.0, 0.5, 0.01, 1e-6], [9.0, 0.5, 0.01, 1e-6]]
+    assert allocate_bits(energy, widths, 0.5, useless_one_bit, forced=1) == [1, 0]  # sent although useless
+    assert allocate_bits(energy, widths, 0.4, useless_one_bit, forced=1) == [0, 0]  # 8 bits of 6.4 do not fit
+    costs = [[c + 4 for c in (8, 16, 32, 64)]] * 2  # each band's ranges cost 4 bits more
+    assert allocate_bits(energy, widths, 1.0, useless_one_bit, costs) == [0, 0]  # 2 bits and ranges: 20 > 16
+    assert allocate_bits(energy, widths, 1.25, useless_one_bit, costs) == [2, 0]
+    with pytest.raises(ConfigError, match="min_bands"):
+        actzip.codecs.get("dct", bands=4, min_bands=5)
+    with pytest.raises(ConfigError, match="budget"):
+        actzip.codecs.get("dct", budget="bytes")

@@ -88,6 +88,15 @@ def test_least_ratio_is_the_smallest_that_sends_anything(method, width):
     assert sum(fallback_counts().values()) == before + 1
 
 
+@pytest.mark.parametrize("shape", [(32, 8, 4, 8), (32, 256), (32, 8)])
+def test_dct_at_its_least_ratio_sends_its_lowest_band_whatever_the_data(shape):
+    g = torch.Generator().manual_seed(1)
+    for a in (torch.randn(shape, generator=g) ** 5, torch.relu(torch.randn(shape, generator=g)) + 3):
+        r = least_ratio("dct", shape)
+        s = send(a, r, "dct")
+        assert 0 < s.uplink_bytes <= r * a.numel() * 2 and s.view.detach().abs().sum() > 0
+
+
 def test_least_ratio_of_the_random_mask_is_zero_and_unknown_compressors_are_refused():
     assert least_ratio("random", (32, 16)) == 0.0
     with pytest.raises(ConfigError, match="compressor"):

@@ -11,8 +11,13 @@ expected squared error per bit spent first, until the budget of ``bits`` a coeff
 error of a band is its energy unsent and, sent at ``k`` bits, its groups' mean squared span times
 ``1 / (6 (2**k - 1)**2)`` (stochastic rounding's mean; nearest's is half that): measured on the tensor, so a
 width whose steps are coarser than the band's own spread (one bit of a wide range) is not spent on it. A band
-given 0 bits is not sent and decodes to zero. The budget counts the codes only: a group's minimum and span (two
-float32) add ``64 / group_size`` bits a sent coefficient.
+given 0 bits is not sent and decodes to zero. With ``budget="codes"`` the budget counts the codes only: a group's
+minimum and span (two float32) add ``64 / group_size`` bits a sent coefficient. With ``budget="payload"`` a band's
+cost is every bit it adds to the payload (its codes with their padding and its groups' ranges), so the payload
+holds at most ``bits * numel / 8`` bytes of buffers: what a link with a byte budget needs. ``min_bands`` bands
+(the lowest) are sent at 1 bit or more whenever the budget affords them, whether or not the error model would buy
+them: a budget that affords the lowest band then never sends nothing (:meth:`DCTCodec.least_bytes` is that band's
+cost).
 
 Guarantee: with stochastic rounding the decoded tensor is, in expectation, the tensor's projection onto the sent
 bands (unbiased there: the DCT is linear and orthonormal); the bands left out are the whole error of that
@@ -35,9 +40,10 @@ from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
 from actzip.errors import ConfigError
 
-__all__ = ["BAND_BITS", "DCTCodec", "allocate_bits", "dct", "frequency_order", "idct"]
+__all__ = ["BAND_BITS", "BUDGETS", "DCTCodec", "allocate_bits", "dct", "frequency_order", "idct"]
 
 BAND_BITS = (0, 1, 2, 4, 8)  # bits a coefficient a band may get (0: the band is not sent)
+BUDGETS = ("codes", "payload")  # what the average bits count: the codes only, or every byte of the payload
 
 
 def dct(x: torch.Tensor) -> torch.Tensor:
@@ -78,24 +84,34 @@ def frequency_order(height: int, width: int) -> torch.Tensor:
 
 
 def allocate_bits(energy: list[float], widths: list[int], bits: float,
-                  errors: list[list[float]] | None = None) -> list[int]:
+                  errors: list[list[float]] | None = None, costs: list[list[float]] | None = None,
+                  forced: int = 0) -> list[int]:
     """Bits a coefficient per band (from :data:`BAND_BITS`) for an average of ``bits``: greedily, the largest drop
     of the expected squared error per bit spent, while the budget ``bits * sum(widths)`` allows. A band's error
     is ``energy`` unsent and ``errors[band][j]`` a coefficient at ``BAND_BITS[j + 1]`` bits (default the
     high-resolution model ``energy * 4**-bits``); a band may jump several widths at once, so a width that
-    costs more than it saves (one bit of a wide range) does not block the next."""
-    budget = bits * sum(widths)
+    costs more than it saves (one bit of a wide range) does not block the next. ``costs[band][j]``: what the
+    band costs at ``BAND_BITS[j + 1]`` bits, in the budget's unit (default ``BAND_BITS[j + 1] * width``).
+    ``forced``: the lowest bands that get 1 bit first, while the budget affords them."""
+    budget = bits * sum(widths) * (1 + 1e-12)
     curve = [[e] + (list(errors[i]) if errors is not None else [e * 4.0 ** -k for k in BAND_BITS[1:]])
              for i, e in enumerate(energy)]
+    price = [[0.0] + (list(costs[i]) if costs is not None else [k * w for k in BAND_BITS[1:]])
+             for i, w in enumerate(widths)]
     got = [0] * len(widths)
     spent = 0.0
+    for i in range(min(forced, len(widths))):
+        if spent + price[i][1] > budget:
+            break
+        spent += price[i][1]
+        got[i] = 1
     while True:
         best, best_gain = None, 0.0
         for i, w in enumerate(widths):
             level = BAND_BITS.index(got[i])
             for j in range(level + 1, len(BAND_BITS)):
-                cost = (BAND_BITS[j] - got[i]) * w
-                if spent + cost > budget + 1e-9:
+                cost = price[i][j] - price[i][level]
+                if spent + cost > budget:
                     break
                 gain = (curve[i][level] - curve[i][j]) * w / cost
                 if gain > best_gain:
@@ -103,7 +119,7 @@ def allocate_bits(energy: list[float], widths: list[int], bits: float,
         if best is None:
             return got
         i, j = best
-        spent += (BAND_BITS[j] - got[i]) * widths[i]
+        spent += price[i][j] - price[i][BAND_BITS.index(got[i])]
         got[i] = BAND_BITS[j]
 
 
@@ -120,6 +136,8 @@ class DCTCodec(Codec):
         another; ``None``: each line's band alone (the band's width rounded up to 8).
       rounding: ``"stochastic"`` (unbiased on the sent bands) or ``"nearest"``.
       seed: seed of the stochastic rounding (``None`` means 0).
+      budget: ``"codes"`` (``bits`` counts the codes) or ``"payload"`` (every byte of the payload's buffers).
+      min_bands: the lowest bands sent at 1 bit or more whenever the budget affords them (0 to the bands).
     """
 
     lossless = False
@@ -127,8 +145,8 @@ class DCTCodec(Codec):
     dtypes = LOSSY_DTYPES
 
     def __init__(self, *, bits: float = 4.0, bands: int = 8, axis: int = -1, dims: int = 1,
-                 group_size: int | None = None, rounding: str = "stochastic",
-                 seed: int | None = None) -> None:  # fmt: skip
+                 group_size: int | None = None, rounding: str = "stochastic", seed: int | None = None,
+                 budget: str = "codes", min_bands: int = 0) -> None:  # fmt: skip
         if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 < bits <= 8:
             raise ConfigError(f"dct: option bits must be a number in (0, 8] (average bits a coefficient), got {bits!r}")
         if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
@@ -142,14 +160,18 @@ class DCTCodec(Codec):
         if group_size is not None:
             check_group_size("dct", group_size)
         check_choice("dct", "rounding", rounding, ROUNDINGS)
+        check_choice("dct", "budget", budget, BUDGETS)
+        if isinstance(min_bands, bool) or not isinstance(min_bands, int) or not 0 <= min_bands <= bands:
+            raise ConfigError(f"dct: option min_bands must be an int in [0, bands={bands}], got {min_bands!r}")
         check_seed("dct", seed)
         self.bits, self.bands, self.axis, self.rounding, self.seed = float(bits), bands, axis, rounding, seed
-        self.dims, self.group_size = dims, group_size
+        self.dims, self.group_size, self.budget, self.min_bands = dims, group_size, budget, min_bands
         self._encodes = 0  # each encode draws its own rounding stream
 
     def options(self) -> dict:
         return {"bits": self.bits, "bands": self.bands, "axis": self.axis, "dims": self.dims,
-                "group_size": self.group_size, "rounding": self.rounding, "seed": self.seed}
+                "group_size": self.group_size, "rounding": self.rounding, "seed": self.seed, "budget": self.budget,
+                "min_bands": self.min_bands}
 
     def _lines(self, x: torch.Tensor, name: str) -> tuple[torch.Tensor, int]:
         if x.dim() == 0:
@@ -196,13 +218,34 @@ class DCTCodec(Codec):
         """The quant groups of a band ``width`` coefficients a line wide: ``group_size``, else one line's band."""
         return self.group_size if self.group_size is not None else -(-width // 8) * 8
 
+    def _band_bits_cost(self, rows: int, width: int, bits: int, work: torch.dtype) -> int:
+        """Payload bits of a band ``width`` coefficients a line over ``rows`` lines at ``bits``: its codes (whole
+        groups, padding included) and each group's minimum and span in the working precision."""
+        g = self._group(width)
+        groups = -(-rows * width // g)
+        return groups * (g * bits + 2 * 8 * torch.empty(0, dtype=work).element_size())
+
+    def _edges(self, n: int) -> list[int]:
+        return [round(i * n / self.bands) for i in range(self.bands + 1)]
+
+    def least_bytes(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
+        """Bytes of the lowest band of a tensor of ``shape`` at 1 bit, codes and ranges: with ``min_bands >= 1``
+        and ``budget="payload"``, a budget of ``bits * numel / 8`` bytes that holds it sends that band at least,
+        whatever the data."""
+        probe = torch.empty(shape, dtype=dtype, device="meta")
+        lines, _ = self._lines(probe, "tensor")
+        rows = math.prod(lines.shape[:-self.dims])
+        edges = self._edges(math.prod(lines.shape[-self.dims:]))
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        return -(-self._band_bits_cost(rows, edges[1] - edges[0], 1, work) // 8)
+
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
         self.check(x, name)
         lines, axis = self._lines(x, name)
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         c = self._forward(lines.to(work))
         n = c.shape[-1]
-        edges = [round(i * n / self.bands) for i in range(self.bands + 1)]
+        edges = self._edges(n)
         widths = [edges[i + 1] - edges[i] for i in range(self.bands)]
         stats = torch.stack([self._band_stats(c[:, a:b]) for a, b in zip(edges, edges[1:])]).tolist()  # one sync
         energy = [e for e, _ in stats]
@@ -212,7 +255,11 @@ class DCTCodec(Codec):
         # (1/6 of a step squared on average), nearest's 1/12
         share = 1 / 6 if self.rounding == "stochastic" else 1 / 12
         errors = [[min(e, sq * share / (2**k - 1) ** 2) for k in BAND_BITS[1:]] for e, sq in stats]
-        band_bits = allocate_bits(energy, widths, self.bits, errors)
+        costs = None
+        if self.budget == "payload":  # in bits a line, the unit of the budget bits * n
+            rows = c.shape[0]
+            costs = [[self._band_bits_cost(rows, w, k, work) / rows for k in BAND_BITS[1:]] for w in widths]
+        band_bits = allocate_bits(energy, widths, self.bits, errors, costs, self.min_bands)
         seed = (0 if self.seed is None else self.seed) * 1_000_003 + self._encodes
         self._encodes += 1
         buffers, metas = {}, []

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from actzip.errors import ConfigError
 from actzip.split.allocation import equal_keep_ratios, keep_ratios
+from actzip.split.coalitions import coalition_values
 from actzip.split.shapley import shapley
 from actzip.split.uplink import COMPRESSORS, Link, least_ratio, pack, pack_grad, unpack, unpack_grad
 
@@ -222,9 +223,7 @@ class SplitServer:
 
     def _refresh(self, client: int, views: list[torch.Tensor], labels: torch.Tensor) -> None:
         cfg = self.config
-        with torch.no_grad():
-            scores = shapley(lambda s: -float(self._loss([v if i in s else torch.zeros_like(v)
-                                                          for i, v in enumerate(views)], labels)), len(views))
+        scores = shapley(coalition_values(self.model, views, labels, self.loss_fn), len(views))
         self.ratios[client] = list(keep_ratios(scores.values, cfg.sizes, cfg.budget,
                                                floor=cfg.floor(labels.shape[0])).ratios)
         self.history.append({"client": client, "step": self.steps[client], "scores": list(scores.values),

@@ -9,9 +9,12 @@ spends them its own way (:data:`COMPRESSORS`):
   a seed both ends know, so only the values travel (bf16). The gradient returns through the same positions.
 - ``topk``: the ``k`` largest magnitudes of each sample, exact (bf16), with their indices: ``k`` is what fits.
   The gradient returns at the same positions, values only (the client knows its indices).
-- ``dct``: SL-FAC, the :mod:`actzip.codecs.dct` codec (over each feature map's plane, or along the last axis)
-  at the largest average bits a value (from :data:`DCT_BITS`) whose payload, band and group parameters
-  included, fits; the gradient goes back through the same codec at the same bits (both directions, as SL-FAC);
+- ``dct``: SL-FAC, the :mod:`actzip.codecs.dct` codec (over each feature map's plane, or along the last axis,
+  in :data:`DCT_BANDS` bands at most) with the whole budget as its payload budget (``budget="payload"``: codes,
+  padding and ranges), less the 8 bytes that name its bits; its lowest band is always sent when the budget
+  affords it at 1 bit (``min_bands=1``), so a modality at its least ratio carries its spectrum's lowest band
+  and not an empty payload. The gradient goes back through the same codec at the same bits (both directions,
+  as SL-FAC);
 - ``quant``: uniform min-max quantization (:mod:`actzip.codecs.quant`, one group a sample) at the largest of 1,
   2, 4, 8 bits whose payload fits, the gradient likewise: the baseline SL-FAC is measured against.
 
@@ -43,14 +46,15 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.kernels.runtime import record_fallback
 
-__all__ = ["COMPRESSORS", "DCT_BITS", "DCT_GROUP", "Link", "Packed", "Sent", "item_bytes", "least_ratio", "pack",
+__all__ = ["COMPRESSORS", "DCT_BANDS", "DCT_GROUP", "DCT_HEADER", "Link", "Packed", "Sent", "item_bytes", "least_ratio", "pack",
            "pack_grad", "send", "unpack", "unpack_grad"]
 
 COMPRESSORS = ("random", "topk", "dct", "quant")
-DCT_BITS = (8.0, 6.0, 4.0, 3.0, 2.0, 1.5, 1.0, 0.75, 0.5, 0.375, 0.25, 0.125)  # tried from the top down
+DCT_BANDS = 32  # dct: bands a line or plane is cut into (fewer where it has fewer coefficients)
 DCT_GROUP = 256  # dct: coefficients of a band sharing one range (two float32: a quarter bit a coefficient)
+DCT_HEADER = 8  # dct: bytes naming the codec's bits (float64), so the server's gradient codec is the client's
 _QUANT_BITS = (8, 4, 2, 1)
-_FITTED: dict[tuple, int] = {}  # (method, ratio, shape, value bits) -> index of the bits that last fitted
+_FITTED: dict[tuple, int] = {}  # (ratio, shape, value bits) -> index of the quant bits that last fitted
 
 
 @dataclass(frozen=True)
@@ -105,11 +109,11 @@ def _left_out(link: Link, width: int) -> "Packed":
 def _codec(method: str, bits: float, shape: tuple[int, ...], seed: int):
     """The codec of ``method`` at ``bits`` for wire tensors of ``shape``: ``dct`` over each feature map's plane
     (``[batch, channels, height, width]``) or along the last axis, its bands' ranges shared by
-    :data:`DCT_GROUP` coefficients; ``quant`` one group a sample."""
+    :data:`DCT_GROUP` coefficients, ``bits`` counting its whole payload; ``quant`` one group a sample."""
     if method == "dct":
         dims = 2 if len(shape) >= 4 else 1
-        return codecs.get("dct", bits=bits, bands=min(8, math.prod(shape[-dims:])), dims=dims, group_size=DCT_GROUP,
-                          seed=seed)
+        return codecs.get("dct", bits=bits, bands=min(DCT_BANDS, math.prod(shape[-dims:])), dims=dims,
+                          group_size=DCT_GROUP, budget="payload", min_bands=1, seed=seed)
     return codecs.get("quant", bits=int(bits), group_size=-(-shape[-1] // 8) * 8, seed=seed)
 
 
@@ -117,7 +121,8 @@ def _codec(method: str, bits: float, shape: tuple[int, ...], seed: int):
 def least_ratio(method: str, shape: tuple[int, ...], value_bits: int = 16) -> float:
     """The smallest keep-ratio at which ``method`` sends anything of a modality of ``shape`` (0 for
     ``random``, whose expected payload is any share): one value and its index a sample for ``topk``, the
-    coarsest bits' payload with its parameters (and the byte naming the bits) for ``dct`` and ``quant``.
+    lowest band at 1 bit with its ranges and the bytes naming the bits for ``dct``, the coarsest bits' payload
+    with its parameters and the byte naming them for ``quant``.
     Allocators give every modality at least this (:func:`actzip.split.keep_ratios`'s ``floor``), else a
     modality scored out is never sent again and never scored again."""
     if method not in COMPRESSORS:
@@ -130,12 +135,13 @@ def least_ratio(method: str, shape: tuple[int, ...], value_bits: int = 16) -> fl
     if method == "topk":
         per = value_bits // 8 + torch.empty(0, dtype=_index_dtype(width)).element_size()
         need = batch * per * 8 / dense_bits
+    elif method == "dct":
+        need = (_codec(method, 1.0, shape, 0).least_bytes(shape) + DCT_HEADER) * 8 / dense_bits
     else:
-        grid = DCT_BITS if method == "dct" else _QUANT_BITS
         sample = torch.randn(_wire_shape(shape, method), generator=torch.Generator().manual_seed(0))
-        probe = _codec(method, grid[-1], tuple(sample.shape), 0)
+        probe = _codec(method, _QUANT_BITS[-1], tuple(sample.shape), 0)
         payload = probe.encode(sample, name="least ratio probe")  # its size is the shape's
-        need = max((payload.nbytes + 1) * 8 / dense_bits, grid[-1] / value_bits)
+        need = max((payload.nbytes + 1) * 8 / dense_bits, _QUANT_BITS[-1] / value_bits)
     return min(1.0, need * (1 + 1e-9))  # a hair over: pack's fit tests must pass at exactly this ratio
 
 
@@ -165,11 +171,17 @@ def pack(a: torch.Tensor, link: Link) -> Packed:
         idx = a.abs().topk(k, dim=1).indices
         return Packed({"values": a.gather(1, idx).to(wire), "index": idx.to(_index_dtype(width))}, idx)
     budget = link.ratio * a.numel() * link.value_bits / 8
-    grid = DCT_BITS if link.method == "dct" else _QUANT_BITS
-    key = (link.method, link.ratio, tuple(a.shape), link.value_bits)
-    top = next((i for i, b in enumerate(grid) if b <= link.ratio * link.value_bits), len(grid))
-    for i in range(max(_FITTED.get(key, top), top), len(grid)):
-        codec = _codec(link.method, grid[i], tuple(a.shape), link.seed)
+    if link.method == "dct":
+        bits = min(8.0, (budget - DCT_HEADER) * 8 / a.numel())
+        codec = _codec("dct", bits, tuple(a.shape), link.seed) if bits > 0 else None
+        if codec is None or codec.least_bytes(tuple(a.shape)) + DCT_HEADER > budget:
+            return _left_out(link, width)
+        payload = codec.encode(a.contiguous(), name="uplink activations")  # at most bits * numel / 8 bytes
+        return Packed({"payload": payload, "bits": torch.tensor([bits], dtype=torch.float64)}, codec)
+    key = (link.ratio, tuple(a.shape), link.value_bits)
+    top = next((i for i, b in enumerate(_QUANT_BITS) if b <= link.ratio * link.value_bits), len(_QUANT_BITS))
+    for i in range(max(_FITTED.get(key, top), top), len(_QUANT_BITS)):
+        codec = _codec(link.method, _QUANT_BITS[i], tuple(a.shape), link.seed)
         payload = codec.encode(a.contiguous(), name="uplink activations")
         if payload.nbytes + 1 <= budget:  # and one byte: which bits of the grid
             _FITTED[key] = i
@@ -195,8 +207,8 @@ def unpack(items: dict, link: Link, shape: tuple[int, ...], dtype: torch.dtype, 
         idx = items["index"].to(device=device, dtype=torch.int64)
         view = torch.zeros(wshape, dtype=dtype, device=device)
         return view.scatter(1, idx, items["values"].to(device=device, dtype=dtype)).reshape(shape), idx
-    grid = DCT_BITS if link.method == "dct" else _QUANT_BITS
-    codec = _codec(link.method, grid[int(items["bits"][0])], wshape, link.seed)
+    bits = float(items["bits"][0]) if link.method == "dct" else _QUANT_BITS[int(items["bits"][0])]
+    codec = _codec(link.method, bits, wshape, link.seed)
     return codec.decode(items["payload"]).to(device=device, dtype=dtype).reshape(shape), codec
 
 
