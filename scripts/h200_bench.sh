@@ -279,14 +279,17 @@ for stage in $stages; do
       az bench decentralized "${wide[@]}" --pretrain-steps 20 --steps 20 --seeds 0 --tasks domain \
         --methods "$wide_methods,pca+diloco,pca+powersgd" --json "$out/decentralized-wide-speed.json" ;;
     decentralized-wide-loss)  # seeds 0-2 side by side on the one GPU, each training on (to twice the steps) to
-      # dense's loss: losses and the steps to the target count, their step times come from the speed record
-      for seed in 0 1 2; do
-        az bench decentralized "${wide[@]}" --pretrain-steps 300 --steps 40 --until-target 2 --seeds $seed \
-          --methods "$wide_methods" --json "$out/decentralized-wide-loss-s$seed.json" \
-          > "$out/decentralized-wide-loss-s$seed.log" 2>&1 &
+      # dense's loss: losses and the steps to the target count, their step times come from the speed record; one
+      # task after the other (a record per task and seed, so that a finished task comes back on its own)
+      for task in domain continual; do
+        for seed in 0 1 2; do
+          az bench decentralized "${wide[@]}" --pretrain-steps 300 --steps 40 --until-target 2 --seeds $seed \
+            --tasks $task --methods "$wide_methods,pca+powersgd" --json "$out/wide-loss-$task-s$seed.json" \
+            > "$out/wide-loss-$task-s$seed.log" 2>&1 &
+        done
+        wait
       done
-      wait
-      rm -f "$out"/decentralized-wide-loss-s*.png; tail -n 3 "$out"/decentralized-wide-loss-s*.log ;;
+      rm -f "$out"/wide-loss-*.png; tail -n 3 "$out"/wide-loss-*.log ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \

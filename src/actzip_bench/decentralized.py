@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from actzip_bench.harness import machine_record
 from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
 
-__all__ = ["merge_records", "pretrain", "run_decentralized", "summarize", "with_speed"]
+__all__ = ["DecentralizedRunError", "merge_records", "pretrain", "run_decentralized", "summarize", "with_speed"]
 
 
 def pretrain(cfg: DecentralizedBenchConfig, seed: int, corpus, device: torch.device | None = None) -> list[dict]:
@@ -171,7 +172,7 @@ def run_decentralized(cfg: DecentralizedBenchConfig, progress: Callable[[str], N
             states[seed] = pretrain(cfg, seed, corpora["code_early"], device)
         torch.save(states, os.path.join(tmp, "states.pt"))
         fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
-        out = os.path.join(tmp, "runs.json")
+        out = os.path.join(tmp, "runs.jsonl")
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                 "-m", "actzip_bench.decentralized_worker", "--config", json.dumps(fields),
                 "--states", os.path.join(tmp, "states.pt"), "--out", out, "--device", device.type]
@@ -189,23 +190,60 @@ def run_decentralized(cfg: DecentralizedBenchConfig, progress: Callable[[str], N
             code = proc.wait()
         with open(errors) as f:
             err = f.read()
-        if code and len(finished) == world and os.path.exists(out):
+        runs = _read_runs(out)
+        if code and len(finished) == world:
             # every rank passed the final barrier after the record was written: what failed is gloo's teardown
             record_fallback("bench decentralized", f"a rank failed while closing its connections (exit {code}) "
                             "after every rank had finished and the record was written",
                             instead="keeping the record (it is complete)")
         elif code:
-            raise ActzipError("bench decentralized: the training processes failed:\n" + failure_lines(err))
-        with open(out) as f:
-            runs = json.load(f)
+            message = "bench decentralized: the training processes failed:\n" + failure_lines(err)
+            raise DecentralizedRunError(message, _partial_record(cfg, runs, device, message))
     rows = summarize(cfg, runs)
     return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
             "machine": machine_record(device), "teardown_exit": code}  # non-zero: a rank failed in teardown only
 
 
-def failure_lines(stderr: str, keep: int = 30) -> str:
+class DecentralizedRunError(ActzipError):
+    """The training processes failed; ``record`` holds the runs that finished before (None if no task's dense run
+    did), so that a late failure does not cost the earlier runs."""
+
+    def __init__(self, message: str, record: dict | None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+def _read_runs(path: str) -> list[dict]:
+    """The runs the worker's rank 0 wrote, one JSON line each as it finished them (none if it wrote none)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _partial_record(cfg: DecentralizedBenchConfig, runs: list[dict], device: torch.device,
+                    failure: str) -> dict | None:
+    """A record of the (seed, task) pairs whose dense run finished (the others' reference), marked ``failed``."""
+    done = {(r["seed"], r["task"]) for r in runs if r["method"] == "dense"}
+    runs = [r for r in runs if (r["seed"], r["task"]) in done]
+    if not runs:
+        return None
+    seeds = tuple(s for s in cfg.seeds if any(r["seed"] == s for r in runs))
+    tasks = tuple(t for t in cfg.tasks if any(r["task"] == t for r in runs))
+    part = dataclasses.replace(cfg, seeds=seeds, tasks=tasks)
+    rows = summarize(part, runs)
+    return {"config": dataclasses.asdict(part), "rows": rows, "aggregate": aggregate(part, rows),
+            "machine": machine_record(device), "failed": failure}
+
+
+# a rank's own error line: an exception's last line of a traceback, or actzip's error (a prefix "[rank3]:" allowed)
+_ERROR_LINE = re.compile(r"^\s*(\[rank\d+\]:\s*)?(actzip: error:|[A-Za-z_][\w.]*(Error|Exception)(:|$))")
+
+
+def failure_lines(stderr: str, keep: int = 30, errors: int = 8) -> str:
     """The end of the ranks' and torchrun's stderr without warnings (a warning and its source line each): the
-    ranks' own errors and torchrun's root-cause block (exit code or signal) stay."""
+    ranks' own errors and torchrun's root-cause block (exit code or signal) stay. Error lines above those ``keep``
+    lines (torchrun's block of a failure on every rank can fill them) come first, up to ``errors`` of them."""
     lines, skip = [], False
     for line in stderr.splitlines():
         if skip:
@@ -216,7 +254,10 @@ def failure_lines(stderr: str, keep: int = 30) -> str:
             continue
         if line.strip():
             lines.append(line)
-    return "\n".join(lines[-keep:])
+    tail = lines[-keep:]
+    above = [line for line in lines[:-keep] if _ERROR_LINE.match(line)]
+    first = list(dict.fromkeys(above))[:errors]  # one of each (every rank may print the same)
+    return "\n".join(first + tail)
 
 
 # what sets a step's cost: a speed record must share these with the record whose step times it replaces

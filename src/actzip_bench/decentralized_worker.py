@@ -1,6 +1,6 @@
 """One rank of ``actzip bench decentralized`` (stage s of replica r, under torchrun): every (seed, task,
-method) in turn on the same mesh; global rank 0 writes every run's records to ``--out`` and prints a line per
-run done (the parent's progress)."""
+method) in turn on the same mesh; global rank 0 appends each run's records to ``--out`` as a JSON line when the
+run is done (a later failure keeps it) and prints a line per run (the parent's progress)."""
 
 from __future__ import annotations
 
@@ -91,6 +91,9 @@ def run_one(mesh: Mesh, cfg: DecentralizedBenchConfig, states: list, corpus, see
     rec = tc.record()  # before the evaluation's forwards add to the meter
     rec["val_loss"], rec["wall_s"] = _val_loss(tc, corpus, cfg, seed), wall
     tc.close()
+    del tc, module, stages
+    if device.type == "cuda":  # ranks sharing a GPU: what this method's shapes cached is free for the others
+        torch.cuda.empty_cache()
     got = [None] * dist.get_world_size() if mesh.rank == 0 else None
     dist.gather_object(rec, got, dst=0)
     return got
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda":
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
             torch.cuda.set_device(device)
-        runs = []
+        written = open(args.out, "w") if dist.get_rank() == 0 else None
         # dense first: its final loss is the others' target when they may train on until they reach it
         methods = sorted(cfg.methods, key=lambda m: m != "dense") if cfg.until_target > 1 else cfg.methods
         for seed in cfg.seeds:
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                     got = run_one(mesh, cfg, pretrained[seed], corpora[TASKS[task]], seed, method, device,
                                   None if method == "dense" else target)
                     if got is not None:
-                        runs.append({"seed": seed, "task": task, "method": method, "ranks": got})
+                        written.write(json.dumps({"seed": seed, "task": task, "method": method, "ranks": got}) + "\n")
+                        written.flush()
                         print(f"done {seed} {task} {method}", flush=True)
                     if method == "dense" and cfg.until_target > 1:
                         shared = [_final_loss(got, cfg) if got is not None else None]
@@ -134,9 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     except ActzipError as e:
         print(f"actzip: error: rank {dist.get_rank()}: {e}", file=sys.stderr, flush=True)
         return 2
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump(runs, f)
+    if written is not None:
+        written.close()
     dist.barrier()  # every rank done with every message before any closes its connections
     print(f"finished {dist.get_rank()}", flush=True)
     dist.destroy_process_group()

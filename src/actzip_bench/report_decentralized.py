@@ -23,6 +23,8 @@ H200_PCA_SPEED = {"512": "results/h200/decentralized-h200-pca-speed-512.json",
                   "512-4stages": "results/h200/decentralized-h200-pca-speed-512-4stages.json",
                   "1024": "results/h200/decentralized-h200-pca-speed-1024.json",
                   "512-long": "results/h200/decentralized-h200-pca-speed-512-long.json"}
+# the 512-long shapes again on an H100 alone, with both axes compressed (pca+diloco, pca+powersgd)
+H100_WIDE_SPEED = "results/h100/decentralized-wide-speed.json"
 
 
 def _x(v: float | None) -> str:
@@ -139,4 +141,5 @@ RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-
              "wire-decentralized-pca-quick-4stages": _figure(CPU_PCA_4STAGES),
              "wire-decentralized-correction-quick": _figure(CPU_CORRECTION_QUICK),
              "wire-decentralized-h200-pca-loss": _figure(H200_PCA_LOSS, speeds=False),
-             **{f"wire-decentralized-h200-pca-speed-{k}": _figure(v) for k, v in H200_PCA_SPEED.items()}}
+             **{f"wire-decentralized-h200-pca-speed-{k}": _figure(v) for k, v in H200_PCA_SPEED.items()},
+             "wire-decentralized-h100-wide-speed": _figure(H100_WIDE_SPEED)}

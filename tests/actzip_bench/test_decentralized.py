@@ -145,3 +145,45 @@ def test_a_failure_shows_the_ranks_errors_and_torchruns_root_cause_without_warni
     assert got == ["actzip: error: rank 1: the peer went away", "Root Cause (first observed failure):",
                    "  exitcode  : -6 (pid: 7)  (SIGABRT)"]
     assert len(failure_lines("\n".join(f"line {i}" for i in range(100)), keep=5).splitlines()) == 5
+    # a rank's error above the tail comes first, once however many ranks printed it
+    crash = ["Traceback (most recent call last):", "[rank2]: RuntimeError: boom"] * 2 + [f"torchrun {i}" for i in range(9)]
+    assert failure_lines("\n".join(crash), keep=3).splitlines() == ["[rank2]: RuntimeError: boom", "torchrun 6",
+                                                                    "torchrun 7", "torchrun 8"]
+
+
+def test_a_failure_after_some_runs_keeps_them_in_a_record_marked_failed(monkeypatch):
+    """The worker writes each finished run at once; when the processes then fail (here: torchrun's exit made 1
+    and the ranks' 'finished' lines dropped, as after a rank's crash), the error carries a record of those runs
+    and names the rank's own error even when torchrun's block fills the tail."""
+    import subprocess
+
+    import actzip_bench.decentralized as bench
+
+    real = subprocess.Popen
+
+    class Crashed:
+        def __init__(self, argv, **kw):
+            self.proc = real(argv, **kw)
+            self.err = kw["stderr"]
+            self.stdout = (line for line in self.proc.stdout if not line.startswith("finished "))
+
+        def wait(self):
+            self.proc.wait()
+            self.err.write("torch.OutOfMemoryError: CUDA out of memory on rank 3\n")
+            self.err.write("\n".join(f"  torchrun block line {i}" for i in range(40)) + "\n")
+            self.err.flush()
+            return 1
+
+    def popen(argv, *args, **kw):  # only the training processes' launch (machine_record runs commands too)
+        return Crashed(argv, **kw) if "torch.distributed.run" in argv else real(argv, *args, **kw)
+
+    monkeypatch.setattr(bench.subprocess, "Popen", popen)
+    cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), n_embd=32, block_size=16, steps=3, pretrain_steps=1,
+                              tasks=("domain",), corpus_bytes=40_000, dataset_windows=16, eval_batches=1,
+                              methods=("dense", "bf16"))
+    with pytest.raises(bench.DecentralizedRunError, match="OutOfMemoryError: CUDA out of memory") as err:
+        run_decentralized(cfg)
+    rec = err.value.record
+    assert [r["method"] for r in rec["rows"]] == ["dense", "bf16"] and "OutOfMemoryError" in rec["failed"]
+    assert list(rec["config"]["tasks"]) == ["domain"] and {a["method"] for a in rec["aggregate"]} == {"dense", "bf16"}
+

@@ -14,7 +14,7 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from actzip_bench.decentralized import run_decentralized
+    from actzip_bench.decentralized import DecentralizedRunError, run_decentralized
     from actzip_bench.decentralized_config import DecentralizedBenchConfig
 
     if args.merge:
@@ -52,7 +52,17 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
             bar.update(task, advance=1, description=done)
             bar.console.log(f"trained {done}")
 
-        record = run_decentralized(cfg, progress=progress, log=bar.console.log, device=device_from_args(args))
+        try:
+            record = run_decentralized(cfg, progress=progress, log=bar.console.log, device=device_from_args(args))
+        except DecentralizedRunError as e:
+            if e.record is not None:  # the runs that finished before the failure: reported and written, marked
+                e.record["command"] = command_line(args)
+                console.print("[bold red]the training failed; the runs finished before it (the record says "
+                              "'failed'):[/]")
+                done = dataclasses.replace(cfg, seeds=tuple(e.record["config"]["seeds"]),
+                                           tasks=tuple(e.record["config"]["tasks"]))
+                _report(e.record, done, args, console)
+            raise
     record["command"] = command_line(args)
     return _report(record, cfg, args, console)
 
