@@ -1,5 +1,6 @@
-"""``actzip bench decentralized``: two-circuit training of S stages x R replicas (processes under torchrun,
-gloo) after a brief dense pretraining, every method on the same batches; speeds from the link model.
+"""``actzip bench decentralized``: two-circuit training of S stages x R replicas (processes under torchrun, or
+each in a network namespace with a shaped uplink; gloo) after a brief dense pretraining, every method on the
+same batches; speeds from the link model (and, on a shaped link, measured).
 
 Protocol: per seed, the reference GPT is pretrained dense in this process on ``code_early`` (standard-library
 code without its prose); then each task trains every method from those weights for ``steps`` steps, R replicas
@@ -18,8 +19,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 
@@ -30,6 +29,7 @@ from actzip.kernels.runtime import record_fallback
 from actzip.wire import Action, LinkSpec, Pipeline, PipelineConfig, dp_sync_seconds, simulate
 from actzip_bench.data.domains import domain_corpora
 from actzip_bench.decentralized_config import TRIVIAL, DecentralizedBenchConfig
+from actzip_bench.decentralized_launch import launch_ranks
 from actzip_bench.harness import machine_record
 from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
@@ -95,6 +95,8 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
             row["links"][f"{bw:g}mbps-{lat:g}ms"] = {"step_s": statistics.median(times[1:] or times),
                                                      "pp_step_s": statistics.median(pp[1:] or pp),
                                                      "cumulative_s": list(_cumsum(times))}
+        if cfg.shaped_link is not None:
+            row["links"][cfg.link_names[-1]] = _measured(ranks)
         rows.append(row)
     for row in rows:
         target = next(r["final_loss"] for r in rows if r["method"] == "dense" and r["seed"] == row["seed"]
@@ -110,6 +112,16 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
     return rows
 
 
+def _measured(ranks: list[dict]) -> dict:
+    """Replica 0's step times as they ran (on a shaped link): step i ends when the last of its stages ends it,
+    counted from the first stage's start of step 0; the pipeline axis alone cannot be told apart here."""
+    walls = [r["step_walls"] for r in ranks if r["replica"] == 0]
+    start = min(w[0][0] for w in walls)
+    ends = [max(w[i][1] for w in walls) - start for i in range(min(len(w) for w in walls))]
+    times = [b - a for a, b in zip([0.0, *ends[:-1]], ends)]
+    return {"step_s": statistics.median(times[1:] or times), "pp_step_s": None, "cumulative_s": ends}
+
+
 def _cumsum(values):
     total = 0.0
     for v in values:
@@ -120,7 +132,7 @@ def _cumsum(values):
 def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
     """Per (task, method): means and ranges over seeds, ratios against dense bf16 and the best trivial baseline."""
     out = []
-    link_names = [f"{bw:g}mbps-{lat:g}ms" for bw, lat in cfg.links]
+    link_names = cfg.link_names
     for task in cfg.tasks:
         by = {m: [r for r in rows if r["task"] == task and r["method"] == m] for m in cfg.methods}
         dense_loss = statistics.fmean(r["final_loss"] for r in by["dense"])
@@ -136,7 +148,8 @@ def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
                    "reached": sum(r["target_step"] is not None for r in rs), "links": {}}
             for name in link_names:
                 step = statistics.fmean(r["links"][name]["step_s"] for r in rs)
-                pp_step = statistics.fmean(r["links"][name]["pp_step_s"] for r in rs)
+                pps = [r["links"][name]["pp_step_s"] for r in rs]
+                pp_step = None if None in pps else statistics.fmean(pps)  # None: measured, both axes at once
                 ttt = [r["links"][name]["time_to_target_s"] for r in rs]
                 agg["links"][name] = {"step_s": step, "pp_step_s": pp_step, "time_to_target_s":
                                       statistics.fmean(ttt) if all(t is not None for t in ttt) else None}
@@ -148,7 +161,8 @@ def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
                 if "bf16" in ref:
                     theirs = ref["bf16"]["links"][name]
                     link["throughput_vs_bf16"] = theirs["step_s"] / link["step_s"]
-                    link["pp_throughput_vs_bf16"] = theirs["pp_step_s"] / link["pp_step_s"]
+                    link["pp_throughput_vs_bf16"] = (None if link["pp_step_s"] is None else
+                                                     theirs["pp_step_s"] / link["pp_step_s"])
                 trivial = [ref[t]["links"][name]["time_to_target_s"] for t in TRIVIAL if t in ref]
                 trivial = [t for t in trivial if t is not None]
                 best = min(trivial) if trivial else None
@@ -173,21 +187,13 @@ def run_decentralized(cfg: DecentralizedBenchConfig, progress: Callable[[str], N
         torch.save(states, os.path.join(tmp, "states.pt"))
         fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
         out = os.path.join(tmp, "runs.jsonl")
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-                "-m", "actzip_bench.decentralized_worker", "--config", json.dumps(fields),
-                "--states", os.path.join(tmp, "states.pt"), "--out", out, "--device", device.type]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        say(f"training on {cfg.stages} stages x {cfg.replicas} replicas ({world} processes)")
+        args = ["--config", json.dumps(fields), "--states", os.path.join(tmp, "states.pt"), "--out", out,
+                "--device", device.type]
+        where = "" if cfg.shaped_link is None else ", each in a network namespace, every uplink shaped"
+        say(f"training on {cfg.stages} stages x {cfg.replicas} replicas ({world} processes{where})")
         errors = os.path.join(tmp, "stderr.txt")  # a file, not a pipe: a full pipe would stall the ranks
-        finished = set()
         with open(errors, "w") as err_file:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_file, text=True, env=env)
-            for line in proc.stdout:
-                if line.startswith("done ") and progress is not None:
-                    progress(line[5:].strip())
-                elif line.startswith("finished "):
-                    finished.add(line.split()[1])
-            code = proc.wait()
+            code, finished = launch_ranks(world, args, err_file, progress, cfg.shaped_link)
         with open(errors) as f:
             err = f.read()
         runs = _read_runs(out)

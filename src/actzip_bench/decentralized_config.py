@@ -96,6 +96,10 @@ class DecentralizedBenchConfig:
     # loss is still the one at `steps` (equal tokens)
     until_target: float = 1.0
     timeout_s: float = 120.0  # longest wait for a peer before every rank stops with an error
+    # (Mbps, one-way ms): every rank in a network namespace of its own, each one's uplink shaped to this link
+    # (root; tbf with the latency added by the senders where the kernel has no netem), and every run's step
+    # times measured on it beside the link model's ("shaped ..." in the links); None: all ranks on this host
+    shaped_link: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -116,6 +120,15 @@ class DecentralizedBenchConfig:
                 or not self.until_target >= 1.0:
             raise ConfigError(f"bench decentralized: until_target must be a number >= 1 (a multiple of steps), got "
                               f"{self.until_target!r}")
+        if self.shaped_link is not None:
+            link = tuple(self.shaped_link)
+            if len(link) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in link) \
+                    or not link[0] > 0 or not link[1] >= 0:
+                raise ConfigError(f"bench decentralized: shaped_link must be (Mbps > 0, one-way ms >= 0), got "
+                                  f"{self.shaped_link!r}")
+            self.shaped_link = (float(link[0]), float(link[1]))
+            if self.shaped_link not in [tuple(map(float, x)) for x in self.links]:  # the model of the same link
+                self.links = (*self.links, self.shaped_link)
         if self.batch_size % self.microbatches:
             raise ConfigError(f"bench decentralized: batch_size {self.batch_size} is not a multiple of microbatches "
                               f"{self.microbatches}")
@@ -125,6 +138,12 @@ class DecentralizedBenchConfig:
         """A run for a 2-core CPU in a few minutes: one seed, both tasks, every method, a 2-block model."""
         return cls(block_size=32, batch_size=8, microbatches=2, pretrain_steps=60, steps=40,
                    seeds=(0,), corpus_bytes=300_000, dataset_windows=256, eval_batches=2, lr=2e-3)
+
+    @property
+    def link_names(self) -> list[str]:
+        """The links' names in records: each modelled link, then the shaped one's measured times."""
+        names = [f"{bw:g}mbps-{lat:g}ms" for bw, lat in self.links]
+        return names + ([f"shaped {self.shaped_link[0]:g}mbps-{self.shaped_link[1]:g}ms"] if self.shaped_link else [])
 
     @property
     def window(self) -> int:

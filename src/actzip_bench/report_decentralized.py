@@ -25,6 +25,8 @@ H200_PCA_SPEED = {"512": "results/h200/decentralized-h200-pca-speed-512.json",
                   "512-long": "results/h200/decentralized-h200-pca-speed-512-long.json"}
 # the 512-long shapes again on an H100 alone, with both axes compressed (pca+diloco, pca+powersgd)
 H100_WIDE_SPEED = "results/h100/decentralized-wide-speed.json"
+# the quick protocol with every rank in a namespace of its own, each uplink shaped (one record per link)
+CPU_SHAPED = ("results/cpu/decentralized-shaped-200.json", "results/cpu/decentralized-shaped-80.json")
 
 
 def _x(v: float | None) -> str:
@@ -134,6 +136,47 @@ def pca_reading(root: Path) -> str:
             f"`{H200_PCA_SPEED['512-long']}`)")
 
 
+def shaped_calibration(root: Path, rels: tuple[str, ...] = CPU_SHAPED) -> str:
+    """Per method and shaped link: the measured step against the link model's of the same runs (mean over seeds
+    and tasks), and per task the measured time to dense's loss and its ratio to the best trivial wire's."""
+    recs = [json.loads((Path(root) / rel).read_text()) for rel in rels]
+    tasks = recs[0]["config"]["tasks"]
+    head = ["method", "link", "measured step ms", "model step ms", "model vs measured"]
+    for t in tasks:
+        head += [f"{t}: time to dense's loss, measured (model)", "best trivial wire's time / this one's, measured"]
+    out = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    offs, ratios = [], []
+    for rec in recs:
+        bw, lat = rec["config"]["shaped_link"]
+        model, shaped = f"{bw:g}mbps-{lat:g}ms", f"shaped {bw:g}mbps-{lat:g}ms"
+        for method in dict.fromkeys(a["method"] for a in rec["aggregate"]):
+            aggs = [_agg(rec, method, t) for t in tasks]
+            measured = sum(a["links"][shaped]["step_s"] for a in aggs) / len(aggs)
+            modelled = sum(a["links"][model]["step_s"] for a in aggs) / len(aggs)
+            offs.append(modelled / measured - 1)
+            cells = [method, f"{bw:g} Mbps, {lat:g} ms", f"{1e3 * measured:.1f}", f"{1e3 * modelled:.1f}",
+                     pct(modelled / measured - 1)]
+            for a in aggs:
+                got, want = a["links"][shaped]["time_to_target_s"], a["links"][model]["time_to_target_s"]
+                ratio = a["links"][shaped].get("ttt_vs_best_trivial")
+                if method == "pca" and ratio is not None:
+                    ratios.append(ratio)
+                cells += ["not reached" if got is None else
+                          f"{got:.1f} s ({'not reached' if want is None else f'{want:.1f} s'})",
+                          "n/a" if ratio is None or method == "dense" else f"{ratio:.2f}x"]
+            out.append("| " + " | ".join(cells) + " |")
+    c = recs[0]["config"]
+    summary = (f"\nGPT of {c['n_layer']} blocks, width {c['n_embd']}, {c['stages']} stages x {c['replicas']} "
+               f"replicas, each rank in its own network namespace, every uplink shaped (`tc tbf`, the latency added "
+               f"by the senders); {len(c['seeds'])} seeds, {c['steps']} steps a task (`--until-target "
+               f"{c['until_target']:g}`). Over {len(offs)} method-and-link entries the model's step is "
+               f"{pct(min(offs))} to {pct(max(offs))} off the measured one")
+    if ratios:
+        summary += (f"; on the shaped link the best trivial wire's time to dense's loss over `pca`'s is "
+                    f"{min(ratios):.2f}x to {max(ratios):.2f}x (below 1: `pca` later)")
+    return "\n".join(out) + summary + " " + cite(*rels) + "."
+
+
 RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-cpu": _figure(CPU_RUN), "wire-decentralized-h200-speed": _figure(H200_SPEED),
              "wire-decentralized-h200-speed-gpipe": _figure(H200_SPEED_GPIPE),
              "wire-decentralized-pca-quick": _figure(CPU_PCA_QUICK),
@@ -142,4 +185,5 @@ RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-
              "wire-decentralized-correction-quick": _figure(CPU_CORRECTION_QUICK),
              "wire-decentralized-h200-pca-loss": _figure(H200_PCA_LOSS, speeds=False),
              **{f"wire-decentralized-h200-pca-speed-{k}": _figure(v) for k, v in H200_PCA_SPEED.items()},
-             "wire-decentralized-h100-wide-speed": _figure(H100_WIDE_SPEED)}
+             "wire-decentralized-h100-wide-speed": _figure(H100_WIDE_SPEED),
+             "wire-decentralized-shaped": shaped_calibration}

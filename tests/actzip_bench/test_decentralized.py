@@ -8,6 +8,7 @@ import pytest
 
 from actzip.errors import ConfigError
 from actzip.errors import ActzipError
+from actzip.wire import netns_unavailable_reason
 from actzip_bench.decentralized import failure_lines, merge_records, run_decentralized, with_speed
 from actzip_bench.decentralized_config import METHODS, DecentralizedBenchConfig, method_boundary
 
@@ -177,7 +178,7 @@ def test_a_failure_after_some_runs_keeps_them_in_a_record_marked_failed(monkeypa
     def popen(argv, *args, **kw):  # only the training processes' launch (machine_record runs commands too)
         return Crashed(argv, **kw) if "torch.distributed.run" in argv else real(argv, *args, **kw)
 
-    monkeypatch.setattr(bench.subprocess, "Popen", popen)
+    monkeypatch.setattr(subprocess, "Popen", popen)
     cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), n_embd=32, block_size=16, steps=3, pretrain_steps=1,
                               tasks=("domain",), corpus_bytes=40_000, dataset_windows=16, eval_batches=1,
                               methods=("dense", "bf16"))
@@ -187,3 +188,30 @@ def test_a_failure_after_some_runs_keeps_them_in_a_record_marked_failed(monkeypa
     assert [r["method"] for r in rec["rows"]] == ["dense", "bf16"] and "OutOfMemoryError" in rec["failed"]
     assert list(rec["config"]["tasks"]) == ["domain"] and {a["method"] for a in rec["aggregate"]} == {"dense", "bf16"}
 
+
+
+def test_a_shaped_link_is_named_by_its_numbers_and_its_model_runs_beside_it():
+    cfg = DecentralizedBenchConfig(shaped_link=(20, 5), links=((200.0, 50.0),))
+    assert cfg.shaped_link == (20.0, 5.0) and cfg.links == ((200.0, 50.0), (20.0, 5.0))
+    assert cfg.link_names == ["200mbps-50ms", "20mbps-5ms", "shaped 20mbps-5ms"]
+    for bad in ((0, 5), (20,), (20, -1), ("20", 5)):
+        with pytest.raises(ConfigError, match="shaped_link"):
+            DecentralizedBenchConfig(shaped_link=bad)
+
+
+@pytest.mark.skipif(netns_unavailable_reason(shaped=True) is not None,
+                    reason=f"shaped real link: {netns_unavailable_reason(shaped=True)}")
+def test_on_a_shaped_link_every_rank_has_a_namespace_and_step_times_are_measured():
+    """The same losses as under torchrun (the link changes times, never values); measured steps are at least the
+    two one-way latencies a step's boundary crossing takes each way."""
+    cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), n_embd=32, block_size=16, steps=4, pretrain_steps=1,
+                              tasks=("domain",), corpus_bytes=40_000, dataset_windows=16, eval_batches=1,
+                              methods=("dense", "bf16"), links=((100.0, 20.0),))
+    local = run_decentralized(cfg)
+    shaped = run_decentralized(dataclasses.replace(cfg, shaped_link=(100.0, 20.0)))
+    assert [r["losses"] for r in shaped["rows"]] == [r["losses"] for r in local["rows"]]
+    for row in shaped["rows"]:
+        measured = row["links"]["shaped 100mbps-20ms"]
+        assert len(measured["cumulative_s"]) == 4 and measured["pp_step_s"] is None
+        assert measured["step_s"] > 2 * 0.020
+        assert row["links"]["100mbps-20ms"]["step_s"] > 2 * 0.020  # the model of the same link beside it

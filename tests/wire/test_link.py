@@ -13,6 +13,7 @@ from actzip.wire.link import (
     LinkModel,
     LinkSpec,
     NetnsLink,
+    NetnsMesh,
     netns_unavailable_reason,
     simulate,
 )
@@ -180,3 +181,44 @@ def test_simulate_adds_the_sync_time_before_each_update():
     plain = simulate(acts, LinkSpec())
     synced = simulate(acts, LinkSpec(), sync_s={(0, 0): 0.5})
     assert synced.total_s == pytest.approx(plain.total_s + 0.5)
+
+
+_GATHER = textwrap.dedent("""
+    import datetime, json, sys, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    mine = torch.full((int(sys.argv[1]),), float(dist.get_rank()))
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.barrier()
+    t0 = time.monotonic()
+    dist.all_gather(parts, mine)
+    took = time.monotonic() - t0
+    dist.barrier()  # every rank done before any closes its connections
+    dist.destroy_process_group()
+    print(json.dumps({"s": took, "got": [float(p[0]) for p in parts]}))
+""")
+
+
+@pytest.mark.skipif(netns_unavailable_reason(shaped=True) is not None,
+                    reason=f"shaped real link: {netns_unavailable_reason(shaped=True)}")
+def test_a_mesh_of_namespaces_joins_every_node_and_shapes_each_uplink():
+    import json
+
+    floats = 1_000_000  # 4 MB a node, sent to each of the two others: 8 MB through each 80 Mbps uplink, 0.8 s
+    with NetnsMesh(3, LinkSpec(80.0, 0.0)) as net:
+        assert len(set(net.addresses)) == 3
+        procs = [net.popen(i, [sys.executable, "-c", _GATHER, str(floats)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, RANK=str(i), WORLD_SIZE="3", MASTER_ADDR=net.addresses[0],
+                                    MASTER_PORT="29593")) for i in range(3)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+        sent = [c["tx_bytes"] for c in net.counters()]
+    results = [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+    assert all(r["got"] == [0.0, 1.0, 2.0] for r in results)
+    assert all(b > 2 * 4 * floats for b in sent), sent
+    assert min(r["s"] for r in results) > 0.75  # the uplinks' rate, not the host's memory bandwidth
+
+
+def test_a_mesh_needs_two_nodes_or_more():
+    with pytest.raises(ConfigError, match="nodes"):
+        NetnsMesh(1)

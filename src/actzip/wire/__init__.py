@@ -58,6 +58,7 @@ from actzip.wire.link import (
     LinkModel,
     LinkSpec,
     NetnsLink,
+    NetnsMesh,
     Timeline,
     dp_sync_seconds,
     netns_unavailable_reason,
@@ -96,7 +97,7 @@ compat.install()
 __all__ = [
     "BOUNDARIES", "Action", "BottleneckConfig", "BoundaryCodec", "BoundaryConfig", "BoundaryReceiver",
     "BoundarySender", "ByteMeter", "CodecSpec", "DeltaCodec", "DenseConfig", "DistBackend", "LinkModel", "LinkSpec",
-    "LoopbackHub", "Message", "NetnsLink", "Pipeline", "PipelineConfig", "SimulatedPipeline", "Stage",
+    "LoopbackHub", "Message", "NetnsLink", "NetnsMesh", "Pipeline", "PipelineConfig", "SimulatedPipeline", "Stage",
     "StageWorker", "StiefelConfig", "SubspaceConfig", "Timeline", "Transport", "WireCodec",
     "WireConfigMismatchError", "WireDesyncError", "WireError", "WireMeter", "WirePeerError", "WireTimeoutError",
     "boundary_config", "code_width", "codebook_desyncs", "confine_to_subspace", "dp_sync_seconds", "exchange_backward",

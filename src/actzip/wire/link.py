@@ -22,6 +22,8 @@ reads the interface byte counters. On a kernel without ``sch_netem`` the rate is
 one-way latency is added in software: each sending process holds every message that long before it goes on
 the wire (a FIFO delay line, as the model's latency). It needs root, ``ip`` and ``tc``;
 :func:`netns_unavailable_reason` says what is missing, :func:`shaping_qdisc` which shaping is used.
+:class:`NetnsMesh` does the same for many processes: one namespace each, all on one bridge, each one's uplink
+shaped (an S x R mesh through real slow links).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 from actzip.errors import ConfigError
 from actzip.wire.transport import WireError
 
-__all__ = ["Action", "LinkModel", "LinkSpec", "NetnsLink", "Timeline", "dp_sync_seconds", "netns_unavailable_reason",
+__all__ = ["Action", "LinkModel", "LinkSpec", "NetnsLink", "NetnsMesh", "Timeline", "dp_sync_seconds", "netns_unavailable_reason",
            "shaping_qdisc", "simulate"]
 
 
@@ -258,6 +260,29 @@ def netns_unavailable_reason(shaped: bool = True) -> str | None:
 netns_unavailable_reason = functools.cache(netns_unavailable_reason)  # probing creates namespaces: once a process
 
 
+def _shape_egress(ns: str, ifname: str, link: LinkSpec, qdisc: str | None) -> None:
+    """Shape what ``ifname`` in namespace ``ns`` sends: netem's rate and delay, or tbf's rate alone (the latency
+    then added by the senders)."""
+    bw = link.bandwidth_mbps
+    if qdisc == "netem":
+        shape = (["rate", f"{bw:g}mbit"] if bw is not None else []) + (
+            ["delay", f"{link.latency_ms:g}ms"] if link.latency_ms > 0 else [])
+        if shape:
+            _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "netem", *shape, "limit", "100000"])
+    elif bw is not None:  # tbf: a bucket of a few milliseconds at the rate, a queue that drops nothing
+        burst = max(64_000, int(bw * 1e6 / 8 * 0.004))
+        _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "tbf", "rate", f"{bw:g}mbit",
+              "burst", str(burst), "limit", str(64 * 2**20)])
+
+
+def _interface_counters(ns: str, ifname: str) -> dict[str, int]:
+    stats = {}
+    for key in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets"):
+        r = _run(["ip", "netns", "exec", ns, "cat", f"/sys/class/net/{ifname}/statistics/{key}"])
+        stats[key] = int(r.stdout.strip())
+    return stats
+
+
 class NetnsLink:
     """Two network namespaces joined by a veth pair, each side's egress shaped by netem (a context manager).
 
@@ -293,17 +318,7 @@ class NetnsLink:
                 _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", ifname])
                 _run(["ip", "-n", ns, "link", "set", ifname, "up"])
                 _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-                bw = self.link.bandwidth_mbps
-                if self.qdisc == "netem":
-                    shape = (["rate", f"{bw:g}mbit"] if bw is not None else []) + (
-                        ["delay", f"{self.link.latency_ms:g}ms"] if self.link.latency_ms > 0 else [])
-                    if shape:
-                        _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "netem", *shape,
-                              "limit", "100000"])
-                elif bw is not None:  # tbf: a bucket of a few milliseconds at the rate, a queue that drops nothing
-                    burst = max(64_000, int(bw * 1e6 / 8 * 0.004))
-                    _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "tbf", "rate", f"{bw:g}mbit",
-                          "burst", str(burst), "limit", str(64 * 2**20)])
+                _shape_egress(ns, ifname, self.link, self.qdisc)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -325,11 +340,72 @@ class NetnsLink:
 
     def counters(self) -> list[dict[str, int]]:
         """Per side: bytes and packets its interface sent and received (IP packets, headers included)."""
-        out = []
-        for ns, ifname in zip(self.namespaces, self.ifnames):
-            stats = {}
-            for key in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets"):
-                r = _run(["ip", "netns", "exec", ns, "cat", f"/sys/class/net/{ifname}/statistics/{key}"])
-                stats[key] = int(r.stdout.strip())
-            out.append(stats)
-        return out
+        return [_interface_counters(ns, ifname) for ns, ifname in zip(self.namespaces, self.ifnames)]
+
+
+class NetnsMesh:
+    """``nodes`` network namespaces on one switch (a bridge in a namespace of its own), each node's uplink (its
+    veth's egress) shaped by ``link`` as :class:`NetnsLink` shapes one: every message between two nodes crosses
+    its sender's uplink once, so a node's sends share its uplink's rate. A context manager.
+
+    Node ``i`` has address ``addresses[i]`` on interface ``ifnames[i]``; ``popen(i, argv)`` runs a command in its
+    namespace, told the software latency (``ACTZIP_SEND_DELAY_MS``, with tbf) and gloo's interface
+    (``GLOO_SOCKET_IFNAME``); ``counters()`` reads every node's interface counters.
+    """
+
+    def __init__(self, nodes: int, link: LinkSpec | None = None) -> None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= 200:
+            raise ConfigError(f"NetnsMesh: nodes must be an int in [2, 200], got {nodes!r}")
+        self.link = link or LinkSpec()
+        shaped = self.link.bandwidth_mbps is not None or self.link.latency_ms > 0
+        why = netns_unavailable_reason(shaped)
+        if why is not None:
+            raise WireError(f"NetnsMesh cannot run here: {why}")
+        self.qdisc = shaping_qdisc() if shaped else None
+        self.send_delay_ms = self.link.latency_ms if self.qdisc == "tbf" else 0.0
+        tag = f"{os.getpid() % 100000}x{next(_counter)}"
+        self.hub = f"azhub{tag}"
+        self.namespaces = [f"aznode{tag}n{i}" for i in range(nodes)]
+        self.ifnames = [f"azn{tag}n{i}"[:15] for i in range(nodes)]
+        octet = 16 + os.getpid() % 200
+        self.addresses = [f"10.214.{octet}.{i + 1}" for i in range(nodes)]
+        self._made: list[str] = []
+
+    def __enter__(self):  # -> NetnsMesh
+        try:
+            _run(["ip", "netns", "add", self.hub])
+            self._made.append(self.hub)
+            _run(["ip", "-n", self.hub, "link", "add", "br0", "type", "bridge"])
+            _run(["ip", "-n", self.hub, "link", "set", "br0", "up"])
+            for i, (ns, ifname, addr) in enumerate(zip(self.namespaces, self.ifnames, self.addresses)):
+                _run(["ip", "netns", "add", ns])
+                self._made.append(ns)
+                port = f"azport{i}"
+                _run(["ip", "link", "add", ifname, "netns", ns, "type", "veth", "peer", "name", port, "netns",
+                      self.hub])
+                _run(["ip", "-n", self.hub, "link", "set", port, "master", "br0"])
+                _run(["ip", "-n", self.hub, "link", "set", port, "up"])
+                _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", ifname])
+                _run(["ip", "-n", ns, "link", "set", ifname, "up"])
+                _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+                _shape_egress(ns, ifname, self.link, self.qdisc)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for ns in reversed(self._made):  # a namespace's end of each veth pair goes with it
+            _run(["ip", "netns", "del", ns], check=False)
+        self._made = []
+
+    def popen(self, node: int, argv: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
+        """Start ``argv`` in node ``node``'s namespace (see the class docstring for what it is told)."""
+        env = dict(os.environ if env is None else env, GLOO_SOCKET_IFNAME=self.ifnames[node])
+        if self.send_delay_ms:
+            env["ACTZIP_SEND_DELAY_MS"] = f"{self.send_delay_ms:g}"
+        return subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], *argv], env=env, **kw)
+
+    def counters(self) -> list[dict[str, int]]:
+        """Per node: bytes and packets its interface sent and received (IP packets, headers included)."""
+        return [_interface_counters(ns, ifname) for ns, ifname in zip(self.namespaces, self.ifnames)]

@@ -104,6 +104,10 @@ def add_parsers(bench) -> None:
                     "up to this multiple of --steps (default 1: never past them); final losses stay at --steps")
     db.add_argument("--mask-keep", type=float, dest="mask_keep",
                     help="fraction of the elements the boundary masks keep (default 0.125)")
+    db.add_argument("--shaped-link", dest="shaped_link", metavar="MBPS,MS",
+                    help="every rank in a network namespace of its own, each one's uplink shaped to this bandwidth "
+                    "and one-way latency (root; `tc tbf` with the latency added by the senders where the kernel "
+                    "has no netem): step times and times to target measured on it beside the link model's")
     db.add_argument("--methods", help="comma-separated methods (default all; docs/wire.md lists them, an unknown "
                     "name is refused with the list)")
     db.add_argument("--tasks", help="comma-separated tasks: domain, continual (default both)")

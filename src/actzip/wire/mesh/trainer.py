@@ -22,7 +22,7 @@ from actzip.errors import ConfigError
 from actzip.wire.anchor import AnchorConfig, SpectralConfig, SpectralCorrection
 from actzip.wire.dp import DPConfig, DPMeter, GradSync, OuterConfig, OuterSync, sync_factored_grads
 from actzip.wire.dp.agree import check_same_config
-from actzip.wire.link import Action
+from actzip.wire.link import Action, LinkSpec, dp_sync_seconds
 from actzip.wire.mesh.anchors import PipelineAnchors
 from actzip.wire.mesh.fingerprint import check_replicas_agree
 from actzip.wire.mesh.groups import Mesh
@@ -94,6 +94,10 @@ class TwoCircuit:
         self._anchored = False  # an anchor was launched at this step
         self.dp_bytes: list[dict[str, int]] = []  # per step: this rank's data-parallel payload per collective
         self.dp_seconds: list[float] = []  # per step: time spent in the data-parallel sync (measured)
+        self.step_walls: list[tuple[float, float]] = []  # per step: time.monotonic() at its start and end
+        # a software link latency (tbf-shaped namespaces): the pipeline's sends are held that long by its backend,
+        # the data-parallel collectives hold as many one-way latencies as their hops (see dp_sync_seconds)
+        self._dp_latency = LinkSpec(latency_ms=1e3 * getattr(self.pipe.transport.backend, "send_delay_s", 0.0))
         self._pending_dp: dict[str, int] = {}
 
     @torch.no_grad()
@@ -127,6 +131,7 @@ class TwoCircuit:
     def train_step(self, x, y, ids=None) -> float | None:
         """One step of both circuits on inputs ``x`` and targets ``y`` (``ids``: sample ids, for a per-sample
         codec cache); the mean loss on the last stage (``None`` elsewhere)."""
+        start = time.monotonic()
         meter = self._meter()
         before = dict(meter.by_collective) if meter is not None else {}
         self._dp_time = 0.0
@@ -142,8 +147,13 @@ class TwoCircuit:
             self._dp_time += time.perf_counter() - t0
         now = dict(meter.by_collective) if meter is not None else {}
         self.dp_bytes.append({k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)})
+        if self._dp_latency.latency_ms > 0:
+            hold = dp_sync_seconds(self.dp_bytes[-1], self.mesh.replicas, self._dp_latency)
+            time.sleep(hold)
+            self._dp_time += hold
         self.dp_seconds.append(self._dp_time)
         self.step += 1
+        self.step_walls.append((start, time.monotonic()))
         every = self.cfg.check_every
         if self.cfg.dp is not None and (synced or (every and self.outer is None and self.step % every == 0)):
             check_replicas_agree(self.params, self.mesh.dp_group, f"stage {self.mesh.stage}'s parameters",
@@ -160,6 +170,7 @@ class TwoCircuit:
         return {"rank": self.mesh.rank, "stage": self.mesh.stage, "replica": self.mesh.replica,
                 "actions": [a.as_tuple() for a in self.pipe.actions], "pp_meter": self.pipe.meters()[0].as_dict(),
                 "dp_bytes": self.dp_bytes, "dp_seconds": self.dp_seconds, "losses": list(self.losses),
+                "step_walls": list(self.step_walls),
                 "anchors": self.anchors.counts() if self.anchors is not None else None,
                 "uncorrected_steps": self.correction.uncorrected_steps,
                 "spectral_state_bytes": self.correction.state_bytes()}
