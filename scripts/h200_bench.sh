@@ -23,7 +23,8 @@
 #   recheck-cache and recheck-wire (short subsets of earlier runs, to compare with them), wire-baselines-time and
 #   wire-baselines (float32, bf16, 8-bit, 4-bit and delta dense beside the compressed boundaries, seeds 0-2),
 #   decentralized-wide-speed and decentralized-wide-loss (bench decentralized at a wire-dominated shape: step
-#   times alone, then seeds 0-2 side by side to dense's loss; join them with --merge ... --speed)
+#   times alone, then seeds 0-2 side by side to dense's loss; join them with --merge ... --speed),
+#   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -277,7 +278,7 @@ for stage in $stages; do
           --json "'"$out"'/wire-baselines/$name.json" > "'"$out"'/wire-baselines/$name.log" 2>&1 || echo "FAILED $name"' _ {} ;;
     decentralized-wide-speed)  # the wide shape's step times, one seed alone on the machine (the loss runs' times)
       az bench decentralized "${wide[@]}" --pretrain-steps 20 --steps 20 --seeds 0 --tasks domain \
-        --methods "$wide_methods,pca+diloco,pca+powersgd" --json "$out/decentralized-wide-speed.json" ;;
+        --methods "$wide_methods,pca+diloco,pca+powersgd,pca+average" --json "$out/decentralized-wide-speed.json" ;;
     decentralized-wide-loss)  # seeds 0-2 side by side on the one GPU, each training on (to twice the steps) to
       # dense's loss: losses and the steps to the target count, their step times come from the speed record; one
       # task after the other (a record per task and seed, so that a finished task comes back on its own)
@@ -290,6 +291,16 @@ for stage in $stages; do
         wait
       done
       rm -f "$out"/wide-loss-*.png; tail -n 3 "$out"/wide-loss-*.log ;;
+    decentralized-pca-average-loss)  # the pca loss runs' protocol (width 512, 256-token windows, 3 seeds side by
+      # side) for the data-parallel compressions: DiLoCo's outer step against a plain average every 10 steps
+      for seed in 0 1 2; do
+        az bench decentralized --device cuda --n-layer 4 --n-embd 512 --block-size 256 --batch-size 32 \
+          --microbatches 4 --schedule gpipe --pretrain-steps 300 --steps 150 --seeds $seed \
+          --methods dense,bf16,pca,pca+diloco,pca+average --json "$out/pca-average-s$seed.json" \
+          > "$out/pca-average-s$seed.log" 2>&1 &
+      done
+      wait
+      rm -f "$out"/pca-average-s*.png; tail -n 3 "$out"/pca-average-s*.log ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \

@@ -55,8 +55,11 @@ METHODS = {
     "pca+diloco": ("quant:bits=8", "quant:bits=8", "diloco", None),
     # and after the pca runs: its boundary with torch's PowerSGD (rank 4, error feedback) on the replicas
     "pca+powersgd": ("quant:bits=8", "quant:bits=8", "powersgd", None),
+    # and after those: DiLoCo's schedule with the outer step a plain average of the replicas (outer rate 1, no
+    # momentum: local SGD), since in a short adaptation the outer momentum multiplies a few outer steps
+    "pca+average": ("quant:bits=8", "quant:bits=8", "average", None),
 }
-BOUNDARY = {m: "pca" for m in ("pca", "pca+topk", "pca+diloco", "pca+powersgd")}  # method -> boundary kind (others: dense)
+BOUNDARY = {m: "pca" for m in ("pca", "pca+topk", "pca+diloco", "pca+powersgd", "pca+average")}  # method -> boundary kind (others: dense)
 TRIVIAL = ("bf16", "int8", "int4", "delta")  # the baselines a user would otherwise pick
 TASKS = {"domain": "prose", "continual": "code_late"}  # task -> corpus trained on after pretraining on code_early
 
@@ -174,6 +177,8 @@ def method_circuits(method: str, cfg: DecentralizedBenchConfig) -> TwoCircuitCon
     _, _, dp, spectral = METHODS[method]
     if dp == "diloco":
         sync = OuterConfig(local_steps=cfg.diloco_steps, codec="quant:bits=4")
+    elif dp == "average":
+        sync = OuterConfig(local_steps=cfg.diloco_steps, outer_lr=1.0, momentum=0.0, codec="quant:bits=4")
     elif dp == "topk":
         sync = DPConfig(method="topk", keep=cfg.topk_keep)
     elif dp == "powersgd":

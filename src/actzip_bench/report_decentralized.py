@@ -25,6 +25,8 @@ H200_PCA_SPEED = {"512": "results/h200/decentralized-h200-pca-speed-512.json",
                   "512-long": "results/h200/decentralized-h200-pca-speed-512-long.json"}
 # the 512-long shapes again on an H100 alone, with both axes compressed (pca+diloco, pca+powersgd)
 H100_WIDE_SPEED = "results/h100/decentralized-wide-speed.json"
+# width 256 on the CPU, 3 seeds: the data-parallel compressions beside pca (diloco, a plain average, powersgd)
+CPU_PCA_256 = "results/cpu/decentralized-pca-256.json"
 # the quick protocol with every rank in a namespace of its own, each uplink shaped (one record per link)
 CPU_SHAPED = ("results/cpu/decentralized-shaped-200.json", "results/cpu/decentralized-shaped-80.json")
 
@@ -186,4 +188,5 @@ RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-
              "wire-decentralized-h200-pca-loss": _figure(H200_PCA_LOSS, speeds=False),
              **{f"wire-decentralized-h200-pca-speed-{k}": _figure(v) for k, v in H200_PCA_SPEED.items()},
              "wire-decentralized-h100-wide-speed": _figure(H100_WIDE_SPEED),
+             "wire-decentralized-pca-256": _figure(CPU_PCA_256),
              "wire-decentralized-shaped": shaped_calibration}
