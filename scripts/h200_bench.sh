@@ -61,6 +61,7 @@ beside() {
 # bench decentralized where the bf16 wire's transfer is many times a step's compute: width 512, 512-token windows
 wide=(--device cuda --n-layer 4 --n-embd 512 --block-size 512 --batch-size 128 --microbatches 4 --schedule gpipe)
 wide_methods="dense,bf16,int8,int4,delta,pca"
+wide_dp_methods="pca+quant,int4+quant,pca+average"  # both axes compressed (pca+diloco, pca+powersgd: the H100 record)
 for stage in $stages; do
   echo "== $stage $(date -u +%H:%M:%S)"
   case $stage in
@@ -278,18 +279,16 @@ for stage in $stages; do
           --json "'"$out"'/wire-baselines/$name.json" > "'"$out"'/wire-baselines/$name.log" 2>&1 || echo "FAILED $name"' _ {} ;;
     decentralized-wide-speed)  # the wide shape's step times, one seed alone on the machine (the loss runs' times)
       az bench decentralized "${wide[@]}" --pretrain-steps 20 --steps 20 --seeds 0 --tasks domain \
-        --methods "$wide_methods,pca+diloco,pca+powersgd,pca+average" --json "$out/decentralized-wide-speed.json" ;;
+        --methods "$wide_methods,$wide_dp_methods" --json "$out/decentralized-wide-speed.json" ;;
     decentralized-wide-loss)  # seeds 0-2 side by side on the one GPU, each training on (to twice the steps) to
-      # dense's loss: losses and the steps to the target count, their step times come from the speed record; one
-      # task after the other (a record per task and seed, so that a finished task comes back on its own)
-      for task in domain continual; do
-        for seed in 0 1 2; do
-          az bench decentralized "${wide[@]}" --pretrain-steps 300 --steps 40 --until-target 2 --seeds $seed \
-            --tasks $task --methods "$wide_methods,pca+powersgd" --json "$out/wide-loss-$task-s$seed.json" \
-            > "$out/wide-loss-$task-s$seed.log" 2>&1 &
-        done
-        wait
+      # dense's loss: losses and the steps to the target count, their step times come from the speed record; both
+      # tasks in one run per seed (one pretraining), the methods most in question first
+      for seed in 0 1 2; do
+        az bench decentralized "${wide[@]}" --pretrain-steps 300 --steps 40 --until-target 2 --seeds $seed \
+          --methods "dense,pca+quant,int4+quant,int4,delta,pca,int8,bf16" --json "$out/wide-loss-s$seed.json" \
+          > "$out/wide-loss-s$seed.log" 2>&1 &
       done
+      wait
       rm -f "$out"/wide-loss-*.png; tail -n 3 "$out"/wide-loss-*.log ;;
     decentralized-pca-average-loss)  # the pca loss runs' protocol (width 512, 256-token windows, 3 seeds side by
       # side) for the data-parallel compressions: DiLoCo's outer step against a plain average every 10 steps

@@ -58,9 +58,13 @@ METHODS = {
     # and after those: DiLoCo's schedule with the outer step a plain average of the replicas (outer rate 1, no
     # momentum: local SGD), since in a short adaptation the outer momentum multiplies a few outer steps
     "pca+average": ("quant:bits=8", "quant:bits=8", "average", None),
+    # and after those: every step's gradient in 4-bit codes with error feedback (an all-gather), beside the
+    # trivial pipeline wire with the same data-parallel sync (a baseline a user could assemble)
+    "pca+quant": ("quant:bits=8", "quant:bits=8", "quant", None),
+    "int4+quant": ("quant:bits=4", "quant:bits=4", "quant", None),
 }
-BOUNDARY = {m: "pca" for m in ("pca", "pca+topk", "pca+diloco", "pca+powersgd", "pca+average")}  # method -> boundary kind (others: dense)
-TRIVIAL = ("bf16", "int8", "int4", "delta")  # the baselines a user would otherwise pick
+BOUNDARY = {m: "pca" for m in ("pca", "pca+topk", "pca+diloco", "pca+powersgd", "pca+average", "pca+quant")}  # method -> boundary kind (others: dense)
+TRIVIAL = ("bf16", "int8", "int4", "delta", "int4+quant")  # the baselines a user would otherwise pick
 TASKS = {"domain": "prose", "continual": "code_late"}  # task -> corpus trained on after pretraining on code_early
 
 
@@ -183,6 +187,8 @@ def method_circuits(method: str, cfg: DecentralizedBenchConfig) -> TwoCircuitCon
         sync = DPConfig(method="topk", keep=cfg.topk_keep)
     elif dp == "powersgd":
         sync = DPConfig(method="powersgd", rank=4, start_iter=10)
+    elif dp == "quant":
+        sync = DPConfig(method="quant", codec="quant:bits=4")
     else:
         sync = DPConfig(method=dp)
     anchor = None if spectral is None else AnchorConfig(every=cfg.anchor_every, delay=cfg.anchor_delay)

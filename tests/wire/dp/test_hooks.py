@@ -87,6 +87,49 @@ def test_topk_error_feedback_and_its_bytes():
     assert payload == pytest.approx(0.2 * dense, rel=0.05)
 
 
+def _quant_accounting(rank, world, steps):
+    """As top-k's: the synced gradients summed over steps, this replica's own summed, and the bytes."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(_model(), bucket_cap_mb=0.004)
+    meter = attach(ddp, DPConfig(method="quant", codec="quant:bits=4"))
+    local = _model()
+    synced_sum = [torch.zeros_like(p) for p in ddp.parameters()]
+    local_sum = [torch.zeros_like(p) for p in ddp.parameters()]
+    last = None
+    torch.manual_seed(100 + rank)
+    for _ in range(steps):
+        x = torch.randn(8, 16)
+        ddp.zero_grad()
+        local.zero_grad()
+        ddp(x).square().mean().backward()
+        local(x).square().mean().backward()
+        last = [p.grad.numpy().copy() for p in ddp.parameters()]
+        for acc, p in zip(synced_sum, ddp.parameters()):
+            acc += p.grad
+        for acc, p in zip(local_sum, local.parameters()):
+            acc += p.grad
+    return ([s.numpy().copy() for s in synced_sum], [s.numpy().copy() for s in local_sum], last,
+            meter.payload_bytes, meter.dense_bytes, dict(meter.by_collective))
+
+
+def test_quant_sends_4_bit_codes_with_error_feedback():
+    reports = _ok(run_ranks(_quant_accounting, 2, 32))
+    (sent0, local0, last0, payload, dense, kinds), (sent1, local1, last1, _, _, _) = reports
+    for a, b in zip(last0, last1):  # both replicas decode the same payloads in the same order
+        assert (a == b).all()
+    # what was sent over the steps is the replicas' summed gradients but for the last residuals, which hold at
+    # most a code step of each group: a fifth of one step's gradient here, where the 32 steps' rounding errors
+    # left uncorrected would add up to about one step's
+    mean_local = [(a + b) / 2 for a, b in zip(local0, local1)]
+    diff = sum(float(abs(s - m).sum()) for s, m in zip(sent0, mean_local))
+    step = sum(float(abs(m).sum()) for m in mean_local) / 32
+    assert 0 < diff < 0.5 * step
+    # 4-bit codes of float32 gradients and each group's scale and offset: about an eighth of the bytes
+    assert 1 / 8 < payload / dense < 1 / 5
+    assert set(kinds) == {"all_gather"}
+
+
 def test_powersgd_through_torchs_hook_sends_less_after_its_plain_steps():
     # one bucket (matrices and vectors together), as gloo needs for torch's hook
     got = _ok(run_ranks(_train, 2, "powersgd", 6, {"rank": 2, "start_iter": 2}, 25))
@@ -138,5 +181,9 @@ def test_bad_config_and_model():
     for bad in ({"method": "dct"}, {"keep": 0.0}, {"rank": 0}, {"start_iter": -1}):
         with pytest.raises(ConfigError):
             DPConfig(**bad)
+    with pytest.raises(ConfigError, match="lossless"):
+        DPConfig(method="quant", codec="sparse")
+    with pytest.raises(ConfigError, match="one registry codec"):
+        DPConfig(method="quant", codec="quant:bits=4+cast:dtype=bfloat16")
     with pytest.raises(ConfigError, match="DistributedDataParallel"):
         attach(nn.Linear(2, 2), DPConfig())

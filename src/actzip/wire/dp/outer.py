@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from actzip.core.payload import Payload
 from actzip.core.registry import get
 from actzip.errors import ConfigError
 from actzip.wire.dp.agree import check_same_config
+from actzip.wire.dp.gather import gathered_mean
 from actzip.wire.dp.hooks import DPMeter
 
 __all__ = ["OuterConfig", "OuterMeter", "OuterSync"]
@@ -131,19 +131,4 @@ class OuterSync:
         payload = codec.encode(delta, name=self.params[i][0])
         if self.residuals is not None:
             self.residuals[i] = delta - codec.decode(payload).float()
-        keys = sorted(payload.buffers)
-        # gloo all-gathers CPU tensors only: CUDA payloads (ranks sharing a GPU) are staged through the CPU
-        stage = delta.is_cuda and dist.get_backend(self.group) == "gloo"
-        gathered = {}
-        for k in keys:
-            mine = payload.buffers[k].contiguous()
-            mine = mine.cpu() if stage else mine
-            parts = [torch.empty_like(mine) for _ in range(self.world)]
-            dist.all_gather(parts, mine, group=self.group)
-            gathered[k] = [t.to(delta.device) for t in parts] if stage else parts
-        total = torch.zeros_like(delta)
-        for r in range(self.world):
-            theirs = Payload(payload.codec, payload.shape, payload.dtype, payload.device,
-                             buffers={k: gathered[k][r] for k in keys}, meta=payload.meta)
-            total += codec.decode(theirs).float()
-        return total.div_(self.world), payload.nbytes
+        return gathered_mean(codec, payload, delta, self.group), payload.nbytes
