@@ -24,6 +24,7 @@
 #   wire-baselines (float32, bf16, 8-bit, 4-bit and delta dense beside the compressed boundaries, seeds 0-2),
 #   decentralized-wide-speed and decentralized-wide-loss (bench decentralized at a wire-dominated shape: step
 #   times alone, then seeds 0-2 side by side to dense's loss; join them with --merge ... --speed),
+#   decentralized-wide-loss-alone (the loss runs one seed after the other, each alone: their own step times),
 #   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average)
 set -uo pipefail
 out=${1:?output directory}; shift
@@ -289,6 +290,14 @@ for stage in $stages; do
           > "$out/wide-loss-s$seed.log" 2>&1 &
       done
       wait
+      rm -f "$out"/wide-loss-*.png; tail -n 3 "$out"/wide-loss-*.log ;;
+    decentralized-wide-loss-alone)  # the same runs one seed after the other, each alone on the machine (an H100
+      # cannot hold three side by side): each record's step times are its own
+      for seed in 0 1 2; do
+        az bench decentralized "${wide[@]}" --pretrain-steps 300 --steps 40 --until-target 2 --seeds $seed \
+          --methods "dense,pca+quant,int4+quant,int4,delta,pca,int8,bf16" --json "$out/wide-loss-s$seed.json" \
+          > "$out/wide-loss-s$seed.log" 2>&1
+      done
       rm -f "$out"/wide-loss-*.png; tail -n 3 "$out"/wide-loss-*.log ;;
     decentralized-pca-average-loss)  # the pca loss runs' protocol (width 512, 256-token windows, 3 seeds side by
       # side) for the data-parallel compressions: DiLoCo's outer step against a plain average every 10 steps
