@@ -27,6 +27,8 @@ H200_PCA_SPEED = {"512": "results/h200/decentralized-h200-pca-speed-512.json",
 H100_WIDE_SPEED = "results/h100/decentralized-wide-speed.json"
 # width 256 on the CPU, 3 seeds: the data-parallel compressions beside pca (diloco, a plain average, powersgd)
 CPU_PCA_256 = "results/cpu/decentralized-pca-256.json"
+# the quick protocol, 3 seeds: every step's gradient in 4-bit codes with error feedback, under pca and int4
+CPU_QUANT_QUICK = "results/cpu/decentralized-quant-quick.json"
 # the quick protocol with every rank in a namespace of its own, each uplink shaped (one record per link)
 CPU_SHAPED = ("results/cpu/decentralized-shaped-200.json", "results/cpu/decentralized-shaped-80.json")
 
@@ -189,4 +191,5 @@ RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-
              **{f"wire-decentralized-h200-pca-speed-{k}": _figure(v) for k, v in H200_PCA_SPEED.items()},
              "wire-decentralized-h100-wide-speed": _figure(H100_WIDE_SPEED),
              "wire-decentralized-pca-256": _figure(CPU_PCA_256),
+             "wire-decentralized-quant-quick": _figure(CPU_QUANT_QUICK),
              "wire-decentralized-shaped": shaped_calibration}
