@@ -135,13 +135,17 @@ def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
     link_names = cfg.link_names
     for task in cfg.tasks:
         by = {m: [r for r in rows if r["task"] == task and r["method"] == m] for m in cfg.methods}
-        dense_loss = statistics.fmean(r["final_loss"] for r in by["dense"])
+        dense_by_seed = {r["seed"]: r["final_loss"] for r in by["dense"]}
         for m, rs in by.items():
             if not rs:
                 continue
+            # dense's mean over this method's own seeds: a method short of a seed (a cut-off run) is compared with
+            # dense on the seeds it has, not with another seed mix
+            dense_loss = statistics.fmean(dense_by_seed[r["seed"]] for r in rs)
             agg = {"task": task, "method": m, "seeds": len(rs),
                    "final_loss": statistics.fmean(r["final_loss"] for r in rs),
                    "final_loss_range": [min(r["final_loss"] for r in rs), max(r["final_loss"] for r in rs)],
+                   "dense_reference": dense_loss,
                    "loss_vs_dense": statistics.fmean(r["final_loss"] for r in rs) / dense_loss - 1,
                    "pp_bytes_per_step": statistics.fmean(r["pp_bytes_per_step"] for r in rs),
                    "dp_bytes_per_step": statistics.fmean(r["dp_bytes_per_step"] for r in rs),

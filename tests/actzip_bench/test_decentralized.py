@@ -64,6 +64,21 @@ def test_records_of_other_seeds_merge_into_one_and_bad_merges_are_named(record):
         merge_records([record, changed])
 
 
+def test_a_method_short_of_a_seed_is_compared_with_dense_on_its_own_seeds(record):
+    other = copy.deepcopy(record)
+    other["config"]["seeds"] = [1]
+    for row in other["rows"]:
+        row["seed"] = 1
+        row["final_loss"] += 1.0  # a seed whose losses are all higher
+    other["rows"] = [r for r in other["rows"] if r["method"] != "pca"]  # cut off before its pca run
+    merged = merge_records([record, other])
+    pca = next(a for a in merged["aggregate"] if a["method"] == "pca")
+    mine = next(r for r in record["rows"] if r["method"] == "pca")
+    dense = next(r for r in record["rows"] if r["method"] == "dense")
+    assert pca["seeds"] == 1 and pca["dense_reference"] == dense["final_loss"]
+    assert pca["loss_vs_dense"] == pytest.approx(mine["final_loss"] / dense["final_loss"] - 1)
+
+
 def test_step_times_of_a_run_alone_replace_the_shared_ones_and_the_times_to_target_follow(record):
     speed = copy.deepcopy(record)
     speed["config"].update(steps=3, seeds=[5])  # a shorter run on another seed: only the shapes must match
