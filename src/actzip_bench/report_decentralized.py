@@ -31,6 +31,8 @@ H100_WIDE_LOSS = "results/h100/decentralized-wide-loss.json"
 CPU_PCA_256 = "results/cpu/decentralized-pca-256.json"
 # the quick protocol, 3 seeds: every step's gradient in 4-bit codes with error feedback, under pca and int4
 CPU_QUANT_QUICK = "results/cpu/decentralized-quant-quick.json"
+# width 256 on the CPU, 3 seeds: pca+quant and int4+quant beside int4 and pca (losses: other work shared the machine)
+CPU_QUANT_256 = "results/cpu/decentralized-quant-256.json"
 # the quick protocol with every rank in a namespace of its own, each uplink shaped (one record per link)
 CPU_SHAPED = ("results/cpu/decentralized-shaped-200.json", "results/cpu/decentralized-shaped-80.json")
 
@@ -39,12 +41,14 @@ def _x(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
 
 
-def _describe(rec: dict, speeds: bool = True) -> str:
+SHARED_SEEDS = "the runs of the seeds shared one machine, so no step time is given."
+
+
+def _describe(rec: dict, speeds: bool = True, unshared: str = SHARED_SEEDS) -> str:
     c = rec["config"]
     seeds = len(c["seeds"])
     timing = ("step times from the link model replaying each run's measured schedule, with each stage's "
-              "data-parallel sync before its update; `pipeline alone` leaves the sync out." if speeds else
-              "the runs of the seeds shared one machine, so no step time is given.")
+              "data-parallel sync before its update; `pipeline alone` leaves the sync out." if speeds else unshared)
     return (f"GPT of {c['n_layer']} blocks, width {c['n_embd']}, {c['block_size']}-token windows; {c['stages']} stages "
             f"x {c['replicas']} replicas (one process each, gloo), {c['batch_size']} sequences per replica per step in "
             f"{c['microbatches']} microbatches ({c.get('schedule', '1f1b')}); {c['pretrain_steps']} dense pretraining "
@@ -52,20 +56,21 @@ def _describe(rec: dict, speeds: bool = True) -> str:
             "Final loss: the replicas' mean training loss over the last tenth of the steps; " + timing)
 
 
-def decentralized_markdown(rec: dict, path_note: str, speeds: bool = True) -> str:
+def decentralized_markdown(rec: dict, path_note: str, speeds: bool = True, unshared: str = SHARED_SEEDS) -> str:
     """Per task, a table of every method: bytes per step on each axis, loss against dense, step-time ratios to
     the bf16 wire (the whole step and the pipeline axis alone) and time to dense's final loss on every link;
     without ``speeds`` (runs that shared their machine) the bytes and losses alone, and the pipeline bytes'
     ratio to bf16's."""
     c = rec["config"]
     links = [f"{bw:g}mbps-{lat:g}ms" for bw, lat in c["links"]] if speeds else []
-    out = [_describe(rec, speeds), ""]
+    out = [_describe(rec, speeds, unshared), ""]
     for task in c["tasks"]:
         rows = [a for a in rec["aggregate"] if a["task"] == task]
         head = ["method", "pipeline MB/step", "data-parallel MB/step", "loss vs dense (range)"]
-        if not speeds:
+        bf16 = next((a["pp_bytes_per_step"] for a in rows if a["method"] == "bf16"), None)
+        ratios = not speeds and bf16 is not None  # without a bf16 run there is nothing to divide by
+        if ratios:
             head.append("bf16's pipeline bytes / these")
-            bf16 = next((a["pp_bytes_per_step"] for a in rows if a["method"] == "bf16"), None)
         for name in links:
             head += [f"{name}: step vs bf16", "pipeline alone vs bf16", "time to dense's loss"]
         out += [f"**{task}**", "", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
@@ -79,8 +84,8 @@ def decentralized_markdown(rec: dict, path_note: str, speeds: bool = True) -> st
             if 1 < a["seeds"] < all_dense["seeds"]:
                 loss += f", {a['seeds']} seeds"
             cells = [a["method"], f"{a['pp_bytes_per_step'] / 1e6:,.3f}", f"{a['dp_bytes_per_step'] / 1e6:,.3f}", loss]
-            if not speeds:
-                cells.append("n/a" if bf16 is None else f"{bf16 / a['pp_bytes_per_step']:.2f}x")
+            if ratios:
+                cells.append(f"{bf16 / a['pp_bytes_per_step']:.2f}x")
             for name in links:
                 link = a["links"][name]
                 t = link["time_to_target_s"]
@@ -98,10 +103,11 @@ def decentralized_section(path: Path, root: Path) -> str:
             + decentralized_markdown(rec, provenance(rec, path, root)) + "\n")
 
 
-def _figure(rel: str, speeds: bool = True):
+def _figure(rel: str, speeds: bool = True, unshared: str = SHARED_SEEDS):
+    """A record's figure; without ``speeds``, ``unshared`` says why its step times are left out."""
     def render(root: Path) -> str:
         rec = json.loads((Path(root) / rel).read_text())
-        return decentralized_markdown(rec, cite(rel), speeds)
+        return decentralized_markdown(rec, cite(rel), speeds, unshared)
     return render
 
 
@@ -215,4 +221,6 @@ RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-
              "wire-decentralized-h100-wide-reading": wide_loss_reading,
              "wire-decentralized-pca-256": _figure(CPU_PCA_256),
              "wire-decentralized-quant-quick": _figure(CPU_QUANT_QUICK),
+             "wire-decentralized-quant-256": _figure(CPU_QUANT_256, speeds=False, unshared=(
+                 "tests ran on the same two cores during part of the run, so no step time is given.")),
              "wire-decentralized-shaped": shaped_calibration}
