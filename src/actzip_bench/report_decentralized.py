@@ -159,8 +159,14 @@ def wide_loss_reading(root: Path) -> str:
     both = [_agg(rec, "pca+quant", t) for t in tasks]
     alone = [_agg(rec, "pca", t) for t in tasks]
     ttt = [a["links"][name]["ttt_vs_best_trivial"] for a in both for name in links]
-    return (f"`pca+quant` is {' and '.join(pct(a['loss_vs_dense']) for a in both)} against dense ({' and '.join(tasks)}), "
-            f"`pca` alone {' and '.join(pct(a['loss_vs_dense']) for a in alone)}; `pca+quant`'s whole step is "
+    seeds = len(rec["config"]["seeds"])
+
+    def losses(aggs: list[dict]) -> str:
+        return " and ".join(pct(a["loss_vs_dense"]) + (f" ({a['seeds']} seeds)" if a["seeds"] < seeds else "")
+                            for a in aggs)
+
+    return (f"`pca+quant` is {losses(both)} against dense ({' and '.join(tasks)}), "
+            f"`pca` alone {losses(alone)}; `pca+quant`'s whole step is "
             f"{min(a['links'][links[0]]['throughput_vs_bf16'] for a in both):.2f} times the bf16 wire's speed at "
             f"{links[0]}, its pipeline alone {min(a['links'][links[0]]['pp_throughput_vs_bf16'] for a in both):.2f} "
             f"times, and it reaches dense's final loss {min(ttt):.2f} to {max(ttt):.2f} times sooner than the best "
