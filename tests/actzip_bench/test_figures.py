@@ -56,7 +56,7 @@ def _tree(tmp_path: Path, readme: str) -> Path:
 
 def test_a_hand_edited_number_is_out_of_date_and_report_renders_it_again(tmp_path, monkeypatch, capsys):
     root = _tree(tmp_path, (REPO / "README.md").read_text())
-    for rel in ("results/h200", "results/cpu", "results/demo"):
+    for rel in ("results/h200", "results/h100", "results/cpu", "results/demo"):
         (root / rel).rmdir() if (root / rel).exists() else None
         (root / rel).symlink_to(REPO / rel)
     readme = root / "README.md"
