@@ -50,12 +50,13 @@ def test_plain_hook_and_topk_keeping_everything_equal_ddps_own_allreduce():
     assert payload == dense  # the plain hook contributes the bucket itself
 
 
-def _topk_accounting(rank, world, steps):
-    """Sums over steps of the synced gradients and of this replica's own (unsynced) gradients."""
+def _accounting(rank, world, steps, config):
+    """The synced gradients summed over steps, this replica's own (unsynced) gradients summed, the last synced
+    gradients, and the meter's bytes."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp = DDP(_model(), bucket_cap_mb=0.004)
-    meter = attach(ddp, DPConfig(method="topk", keep=0.1))
+    meter = attach(ddp, config)
     local = _model()  # the same weights (no optimizer step changes them): this replica's gradient alone
     synced_sum = [torch.zeros_like(p) for p in ddp.parameters()]
     local_sum = [torch.zeros_like(p) for p in ddp.parameters()]
@@ -70,13 +71,14 @@ def _topk_accounting(rank, world, steps):
             acc += p.grad
         for acc, p in zip(local_sum, local.parameters()):
             acc += p.grad
-    return ([s.numpy().copy() for s in synced_sum], [s.numpy().copy() for s in local_sum], meter.payload_bytes,
-            meter.dense_bytes)
+    last = [p.grad.numpy().copy() for p in ddp.parameters()]
+    return ([s.numpy().copy() for s in synced_sum], [s.numpy().copy() for s in local_sum], last,
+            meter.payload_bytes, meter.dense_bytes, dict(meter.by_collective))
 
 
 def test_topk_error_feedback_and_its_bytes():
-    reports = _ok(run_ranks(_topk_accounting, 2, 4))
-    (sent0, local0, payload, dense), (_, local1, _, _) = reports
+    reports = _ok(run_ranks(_accounting, 2, 4, DPConfig(method="topk", keep=0.1)))
+    (sent0, local0, _, payload, dense, _), (_, local1, _, _, _, _) = reports
     # the synced gradients summed over steps are the mean over replicas of what each sent; the parameters do not
     # change (no optimizer), so every replica's local sums are exact and the residuals close the difference
     mean_local = [(a + b) / 2 for a, b in zip(local0, local1)]
@@ -87,34 +89,8 @@ def test_topk_error_feedback_and_its_bytes():
     assert payload == pytest.approx(0.2 * dense, rel=0.05)
 
 
-def _quant_accounting(rank, world, steps):
-    """As top-k's: the synced gradients summed over steps, this replica's own summed, and the bytes."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    ddp = DDP(_model(), bucket_cap_mb=0.004)
-    meter = attach(ddp, DPConfig(method="quant", codec="quant:bits=4"))
-    local = _model()
-    synced_sum = [torch.zeros_like(p) for p in ddp.parameters()]
-    local_sum = [torch.zeros_like(p) for p in ddp.parameters()]
-    last = None
-    torch.manual_seed(100 + rank)
-    for _ in range(steps):
-        x = torch.randn(8, 16)
-        ddp.zero_grad()
-        local.zero_grad()
-        ddp(x).square().mean().backward()
-        local(x).square().mean().backward()
-        last = [p.grad.numpy().copy() for p in ddp.parameters()]
-        for acc, p in zip(synced_sum, ddp.parameters()):
-            acc += p.grad
-        for acc, p in zip(local_sum, local.parameters()):
-            acc += p.grad
-    return ([s.numpy().copy() for s in synced_sum], [s.numpy().copy() for s in local_sum], last,
-            meter.payload_bytes, meter.dense_bytes, dict(meter.by_collective))
-
-
 def test_quant_sends_4_bit_codes_with_error_feedback():
-    reports = _ok(run_ranks(_quant_accounting, 2, 32))
+    reports = _ok(run_ranks(_accounting, 2, 32, DPConfig(method="quant", codec="quant:bits=4")))
     (sent0, local0, last0, payload, dense, kinds), (sent1, local1, last1, _, _, _) = reports
     for a, b in zip(last0, last1):  # both replicas decode the same payloads in the same order
         assert (a == b).all()
