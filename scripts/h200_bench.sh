@@ -25,6 +25,7 @@
 #   decentralized-wide-speed and decentralized-wide-loss (bench decentralized at a wire-dominated shape: step
 #   times alone, then seeds 0-2 side by side to dense's loss; join them with --merge ... --speed),
 #   decentralized-wide-loss-alone (the loss runs one seed after the other, each alone: their own step times),
+#   netns-probe (whether the shaped mesh can run there, with a carried iproute2),
 #   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average)
 set -uo pipefail
 out=${1:?output directory}; shift
@@ -299,6 +300,14 @@ for stage in $stages; do
           > "$out/wide-loss-s$seed.log" 2>&1
       done
       rm -f "$out"/wide-loss-*.png; tail -n 3 "$out"/wide-loss-*.log ;;
+    netns-probe)  # whether this machine can hold the shaped mesh (NetnsMesh: namespaces, veth, tc tbf): it has no
+      # iproute2 of its own; carry Debian's as .debs in .iproute2/ (apt-get download iproute2 libbpf1 libmnl0
+      # libelf1 libcap2-bin libxtables12), unpacked outside / and put on PATH for the run
+      mkdir -p /tmp/ipr && for f in .iproute2/*.deb; do dpkg -x "$f" /tmp/ipr; done
+      export PATH=/tmp/ipr/usr/sbin:/tmp/ipr/sbin:/tmp/ipr/usr/bin:$PATH
+      export LD_LIBRARY_PATH=/tmp/ipr/usr/lib/x86_64-linux-gnu:/tmp/ipr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+      python3 -c "from actzip.wire import netns_unavailable_reason as r; print('netns:', r() or 'available')" \
+        | tee "$out/netns-probe.txt" ;;
     decentralized-pca-average-loss)  # the pca loss runs' protocol (width 512, 256-token windows, 3 seeds side by
       # side) for the data-parallel compressions: DiLoCo's outer step against a plain average every 10 steps
       for seed in 0 1 2; do
