@@ -25,6 +25,9 @@
 #   decentralized-wide-speed and decentralized-wide-loss (bench decentralized at a wire-dominated shape: step
 #   times alone, then seeds 0-2 side by side to dense's loss; join them with --merge ... --speed),
 #   decentralized-wide-loss-alone (the loss runs one seed after the other, each alone: their own step times),
+#   decentralized-wide-loss-s2-continual (the continual runs seed 2 lacks), decentralized-shaped-gpu (the
+#   4-bit data-parallel sync on a shaped link with the GPU computing; after netns-probe),
+#   decentralized-unshaped-gpu (the same runs on one host),
 #   netns-probe (whether the shaped mesh can run there, with a carried iproute2),
 #   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average)
 set -uo pipefail
@@ -64,10 +67,11 @@ beside() {
 wide=(--device cuda --n-layer 4 --n-embd 512 --block-size 512 --batch-size 128 --microbatches 4 --schedule gpipe)
 wide_methods="dense,bf16,int8,int4,delta,pca"
 wide_dp_methods="pca+diloco,pca+powersgd,pca+quant,int4+quant,pca+average"  # both axes compressed
-wide_loss() {  # one seed of the wide shape to dense's loss (twice the steps at most), both tasks
+wide_loss() {  # SEED [TASKS METHODS NAME]: one seed of the wide shape to dense's loss (twice the steps at most)
+  local name=${4:-wide-loss-s$1}
   az bench decentralized "${wide[@]}" --pretrain-steps 300 --steps 40 --until-target 2 --seeds "$1" \
-    --methods "dense,pca+quant,int4+quant,int4,delta,pca,int8,bf16" --json "$out/wide-loss-s$1.json" \
-    > "$out/wide-loss-s$1.log" 2>&1
+    --tasks "${2:-domain,continual}" --methods "${3:-dense,pca+quant,int4+quant,int4,delta,pca,int8,bf16}" \
+    --json "$out/$name.json" > "$out/$name.log" 2>&1
 }
 for stage in $stages; do
   echo "== $stage $(date -u +%H:%M:%S)"
@@ -298,14 +302,34 @@ for stage in $stages; do
       # cannot hold three side by side): each record's step times are its own
       for seed in 0 1 2; do wide_loss $seed; done
       rm -f "$out"/wide-loss-*.png; tail -n 3 "$out"/wide-loss-*.log ;;
+    decentralized-wide-loss-s2-continual)  # the runs seed 2's record lacks (its continual pca, int8, bf16), with
+      # dense first for their target
+      wide_loss 2 continual dense,pca,int8,bf16 wide-loss-s2-continual; tail -n 3 "$out/wide-loss-s2-continual.log"
+      rm -f "$out"/wide-loss-*.png ;;
     netns-probe)  # whether this machine can hold the shaped mesh (NetnsMesh: namespaces, veth, tc tbf): it has no
       # iproute2 of its own; carry Debian's as .debs in .iproute2/ (apt-get download iproute2 libbpf1 libmnl0
       # libelf1 libcap2-bin libxtables12), unpacked outside / and put on PATH for the run
       mkdir -p /tmp/ipr && for f in .iproute2/*.deb; do dpkg -x "$f" /tmp/ipr; done
-      export PATH=/tmp/ipr/usr/sbin:/tmp/ipr/sbin:/tmp/ipr/usr/bin:$PATH
+      export PATH=/tmp/ipr/bin:/tmp/ipr/usr/sbin:/tmp/ipr/sbin:/tmp/ipr/usr/bin:$PATH
       export LD_LIBRARY_PATH=/tmp/ipr/usr/lib/x86_64-linux-gnu:/tmp/ipr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
       python3 -c "from actzip.wire import netns_unavailable_reason as r; print('netns:', r() or 'available')" \
-        | tee "$out/netns-probe.txt" ;;
+        | tee "$out/netns-probe.txt"
+      # the tools alone do not say whether this container may make namespaces: try one
+      (ip netns add azprobe && ip netns del azprobe && echo "netns add: ok" || echo "netns add: failed") 2>&1 \
+        | tee -a "$out/netns-probe.txt" ;;
+    decentralized-shaped-gpu)  # after netns-probe (its PATH): the 4-bit data-parallel sync on a shaped 200 Mbit/s
+      # link, every rank in a namespace, the GPU computing (width 512, 256-token windows), one seed, domain
+      grep -q "netns add: ok" "$out/netns-probe.txt" 2>/dev/null || { echo "skipped: no namespaces here"; continue; }
+      az bench decentralized --device cuda --n-layer 4 --n-embd 512 --block-size 256 --batch-size 32 \
+        --microbatches 4 --schedule gpipe --pretrain-steps 300 --steps 40 --until-target 2 --seeds 0 --tasks domain \
+        --methods dense,int4+quant,pca+quant --shaped-link 200,50 --json "$out/shaped-gpu.json" \
+        > "$out/shaped-gpu.log" 2>&1; tail -n 12 "$out/shaped-gpu.log"; rm -f "$out/shaped-gpu.png" ;;
+    decentralized-unshaped-gpu)  # decentralized-shaped-gpu's runs with every rank on this host (no namespaces): the
+      # data-parallel sync's own work without a slow link under it
+      az bench decentralized --device cuda --n-layer 4 --n-embd 512 --block-size 256 --batch-size 32 \
+        --microbatches 4 --schedule gpipe --pretrain-steps 300 --steps 40 --until-target 2 --seeds 0 --tasks domain \
+        --methods dense,int4+quant,pca+quant --json "$out/unshaped-gpu.json" > "$out/unshaped-gpu.log" 2>&1
+      tail -n 8 "$out/unshaped-gpu.log"; rm -f "$out/unshaped-gpu.png" ;;
     decentralized-pca-average-loss)  # the pca loss runs' protocol (width 512, 256-token windows, 3 seeds side by
       # side) for the data-parallel compressions: DiLoCo's outer step against a plain average every 10 steps
       for seed in 0 1 2; do

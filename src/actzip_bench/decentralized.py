@@ -27,6 +27,7 @@ import torch
 from actzip.errors import ActzipError
 from actzip.kernels.runtime import record_fallback
 from actzip.wire import Action, LinkSpec, Pipeline, PipelineConfig, dp_sync_seconds, simulate
+from actzip.wire.link import shaping_qdisc
 from actzip_bench.data.domains import domain_corpora
 from actzip_bench.decentralized_config import TRIVIAL, DecentralizedBenchConfig
 from actzip_bench.decentralized_launch import launch_ranks
@@ -84,6 +85,11 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
                "pp_bytes_per_step": pp / n, "dp_bytes_per_step": dp / n,
                "pp_fwd_bytes_per_step": sent["fwd"] / n, "pp_bwd_bytes_per_step": sent["bwd"] / n,
                "final_loss": statistics.fmean(mean_loss[:cfg.steps][-window:]), "val_loss": last[0]["val_loss"],
+               "model_val_loss": last[0].get("model_val_loss"),  # codecs off; None in records made before it
+               # replica 0's data-parallel sync as it ran, per step the slowest stage's (its own work, the
+               # collectives' waits and transfers): the median over the steps
+               "dp_sync_s": statistics.median(max(v) for v in zip(*(r["dp_seconds"] for r in ranks
+                                                                     if r["replica"] == 0))),
                "steps_run": n,
                "tokens": tokens_per_step * cfg.steps, "losses": mean_loss,
                "anchors": {k: sum(a[k] for a in anchors) for k in anchors[0]} if anchors else None,
@@ -136,6 +142,7 @@ def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
     for task in cfg.tasks:
         by = {m: [r for r in rows if r["task"] == task and r["method"] == m] for m in cfg.methods}
         dense_by_seed = {r["seed"]: r["final_loss"] for r in by["dense"]}
+        dense_model = {r["seed"]: r.get("model_val_loss") for r in by["dense"]}
         for m, rs in by.items():
             if not rs:
                 continue
@@ -150,6 +157,12 @@ def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
                    "pp_bytes_per_step": statistics.fmean(r["pp_bytes_per_step"] for r in rs),
                    "dp_bytes_per_step": statistics.fmean(r["dp_bytes_per_step"] for r in rs),
                    "reached": sum(r["target_step"] is not None for r in rs), "links": {}}
+            model = [(r.get("model_val_loss"), dense_model.get(r["seed"])) for r in rs]
+            if all(v is not None and d is not None for v, d in model):  # the trained models, codecs off
+                agg["model_val_loss_vs_dense"] = statistics.fmean(v for v, _ in model) / statistics.fmean(
+                    d for _, d in model) - 1
+                agg["model_val_loss_vs_dense_range"] = [min(v / d - 1 for v, d in model),
+                                                        max(v / d - 1 for v, d in model)]
             for name in link_names:
                 step = statistics.fmean(r["links"][name]["step_s"] for r in rs)
                 pps = [r["links"][name]["pp_step_s"] for r in rs]
@@ -210,8 +223,11 @@ def run_decentralized(cfg: DecentralizedBenchConfig, progress: Callable[[str], N
             message = "bench decentralized: the training processes failed:\n" + failure_lines(err)
             raise DecentralizedRunError(message, _partial_record(cfg, runs, device, message))
     rows = summarize(cfg, runs)
-    return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
-            "machine": machine_record(device), "teardown_exit": code}  # non-zero: a rank failed in teardown only
+    record = {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
+              "machine": machine_record(device), "teardown_exit": code}  # non-zero: a rank failed in teardown only
+    if cfg.shaped_link is not None:  # netem (rate and delay in the kernel) or tbf (the latency in the senders)
+        record["shaping"] = shaping_qdisc()
+    return record
 
 
 class DecentralizedRunError(ActzipError):

@@ -48,6 +48,10 @@ METHODS = {
     "mask-backward-shrinkage": ("quant:bits=8", MASK, "bf16", "shrinkage"),
     "mask-backward-wiener": ("quant:bits=8", MASK, "bf16", "wiener"),
     "two-circuit-wiener": (MASK, MASK, "topk", "wiener"),
+    # and after the held-out loss of the trained models (codecs off) joined the records: the correction that adds
+    # the anchors' measured bias (the masked function's gradient against the model's own), on both circuits
+    "two-circuit-debias": (MASK, MASK, "topk", "debias"),
+    "mask-backward-debias": ("quant:bits=8", MASK, "bf16", "debias"),
     # and after all of those: the principal-subspace boundary (the sender's top principal directions, as many
     # values a token as the masks keep), its codes and their gradients in 8 bits
     "pca": ("quant:bits=8", "quant:bits=8", "bf16", None),
@@ -94,6 +98,7 @@ class DecentralizedBenchConfig:
     anchor_every: int = 8  # anchor launches every this many steps
     anchor_delay: int = 2  # steps after launch at which an anchor is due
     spectral_rank: int = 4  # anchor subspace rank per matrix
+    spectral_decay: float | None = None  # weight of the correction's old averages (SpectralConfig.decay; None: its own)
     corpus_bytes: int = 1_000_000  # bytes of each domain's corpus
     dataset_windows: int = 1024  # fixed windows per replica (the delta codec's per-sample cache needs repeats)
     eval_batches: int = 4  # validation batches of batch_size after each task
@@ -192,5 +197,6 @@ def method_circuits(method: str, cfg: DecentralizedBenchConfig) -> TwoCircuitCon
     else:
         sync = DPConfig(method=dp)
     anchor = None if spectral is None else AnchorConfig(every=cfg.anchor_every, delay=cfg.anchor_delay)
-    correction = None if spectral is None else SpectralConfig(mode=spectral, rank=cfg.spectral_rank)
+    correction = None if spectral is None else SpectralConfig(mode=spectral, rank=cfg.spectral_rank,
+                                                                   decay=cfg.spectral_decay)
     return TwoCircuitConfig(dp=sync, anchor=anchor, spectral=correction, check_every=25)

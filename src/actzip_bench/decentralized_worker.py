@@ -10,12 +10,13 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
 from actzip.errors import ActzipError
-from actzip.wire import PipelineConfig
+from actzip.wire import Pipeline, PipelineConfig
 from actzip.wire.mesh import Mesh, TwoCircuit
 from actzip_bench.data.domains import domain_corpora
 from actzip_bench.decentralized_config import (TASKS, DecentralizedBenchConfig, method_boundary, method_circuits,
@@ -32,12 +33,12 @@ def config_from_json(text: str) -> DecentralizedBenchConfig:
                                        for k, v in fields.items()})
 
 
-def _val_loss(tc: TwoCircuit, corpus, cfg: DecentralizedBenchConfig, seed: int) -> float | None:
+def _val_loss(pipe: Pipeline, corpus, cfg: DecentralizedBenchConfig, seed: int) -> float | None:
     g = torch.Generator().manual_seed(10_000 + seed)
     losses = []
     for _ in range(cfg.eval_batches):
         x, y = corpus.get_batch("val", cfg.batch_size, cfg.block_size, generator=g)
-        loss = tc.pipe.eval_loss(x, y)
+        loss = pipe.eval_loss(x, y)
         if loss is not None:
             losses.append(loss)
     return sum(losses) / len(losses) if losses else None
@@ -89,8 +90,15 @@ def run_one(mesh: Mesh, cfg: DecentralizedBenchConfig, states: list, corpus, see
         losses.append(tc.train_step(x, y, ids))
         step += 1
     rec = tc.record()  # before the evaluation's forwards add to the meter
-    rec["val_loss"], rec["wall_s"] = _val_loss(tc, corpus, cfg, seed), wall
+    rec["val_loss"], rec["wall_s"] = _val_loss(tc.pipe, corpus, cfg, seed), wall
     tc.close()
+    # the trained model itself, as a user evaluates or serves it: the same stages with the wire's codecs off (a
+    # boundary that is part of the model, pca's, stays), over the anchor groups, which are free once tc is closed
+    plain = Pipeline(module, replace(pcfg, codec="none", fwd_codec=None, bwd_codec=None), distributed=True,
+                     group=mesh.anchor_group, down_group=mesh.anchor_down_group)
+    rec["model_val_loss"] = _val_loss(plain, corpus, cfg, seed)
+    plain.transport.flush()
+    del plain
     del tc, module, stages
     if device.type == "cuda":  # ranks sharing a GPU: what this method's shapes cached is free for the others
         torch.cuda.empty_cache()

@@ -42,6 +42,16 @@ def test_every_method_has_a_row_with_the_documented_fields(record):
     assert by["pca"]["dp_bytes_per_step"] == by["bf16"]["dp_bytes_per_step"]  # the same bf16 all-reduce
 
 
+def test_the_trained_model_is_evaluated_with_the_codecs_off_too(record):
+    by = {r["method"]: r for r in record["rows"]}
+    assert by["dense"]["model_val_loss"] == by["dense"]["val_loss"]  # no codec: the same function, the same loss
+    assert by["mask+diloco"]["model_val_loss"] != by["mask+diloco"]["val_loss"]  # the masks' function is another
+    agg = {a["method"]: a for a in record["aggregate"]}
+    assert agg["dense"]["model_val_loss_vs_dense"] == 0.0
+    lo, hi = agg["two-circuit"]["model_val_loss_vs_dense_range"]
+    assert lo <= agg["two-circuit"]["model_val_loss_vs_dense"] <= hi
+
+
 def test_the_pca_methods_build_their_boundary_at_the_masks_keep():
     cfg = DecentralizedBenchConfig.quick()
     assert method_boundary("pca", cfg) == "pca:8" and method_boundary("mask", cfg) == "dense"
@@ -225,6 +235,7 @@ def test_on_a_shaped_link_every_rank_has_a_namespace_and_step_times_are_measured
     local = run_decentralized(cfg)
     shaped = run_decentralized(dataclasses.replace(cfg, shaped_link=(100.0, 20.0)))
     assert [r["losses"] for r in shaped["rows"]] == [r["losses"] for r in local["rows"]]
+    assert shaped["shaping"] in ("netem", "tbf") and "shaping" not in local  # which shaping the times came from
     for row in shaped["rows"]:
         measured = row["links"]["shaped 100mbps-20ms"]
         assert len(measured["cumulative_s"]) == 4 and measured["pp_step_s"] is None

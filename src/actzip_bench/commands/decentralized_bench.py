@@ -104,6 +104,9 @@ def add_parsers(bench) -> None:
                     "up to this multiple of --steps (default 1: never past them); final losses stay at --steps")
     db.add_argument("--mask-keep", type=float, dest="mask_keep",
                     help="fraction of the elements the boundary masks keep (default 0.125)")
+    db.add_argument("--spectral-decay", type=float, dest="spectral_decay",
+                    help="weight of the correction's old averages when an anchor arrives (default: 0.9, "
+                    "and 0 for the debias correction)")
     db.add_argument("--shaped-link", dest="shaped_link", metavar="MBPS,MS",
                     help="every rank in a network namespace of its own, each one's uplink shaped to this bandwidth "
                     "and one-way latency (root; `tc tbf` with the latency added by the senders where the kernel "

@@ -140,3 +140,77 @@ def test_wiener_waits_for_a_measured_pair_and_drops_pairs_whose_anchor_never_cam
     assert torch.equal(layer.weight.grad, g)  # no measured noise yet: unchanged
     opt.observe_anchor({layer.weight: torch.randn(4, 8)}, launched=8)
     assert not opt.fast  # step 0's anchor never arrived: its kept gradient is dropped
+
+
+def _debias_pairs(layer, opt, bias_w, bias_b, pairs, seed=0):
+    """``pairs`` measured pairs: the anchor's gradient the true one, the fast one the true one plus a fixed bias and
+    zero-mean noise (a masked function's gradient against the model's own)."""
+    g = torch.Generator().manual_seed(seed)
+    for step in range(pairs):
+        true_w, true_b = torch.randn(32, 16, generator=g), torch.randn(32, generator=g)
+        layer.weight.grad = true_w + bias_w + 0.5 * torch.randn(32, 16, generator=g)
+        layer.bias.grad = true_b + bias_b + 0.5 * torch.randn(32, generator=g)
+        opt.stash_fast(step)
+        opt.observe_anchor({layer.weight: true_w, layer.bias: true_b}, launched=step)
+
+
+def test_debias_learns_the_fast_gradients_bias_from_the_pairs_and_removes_it():
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 32)
+    opt = SpectralCorrection(torch.optim.SGD(layer.parameters(), lr=0.1),
+                             SpectralConfig(mode="debias", rank=2, decay=0.9))  # a fixed bias: average it
+    bias_w = torch.randn(32, 2) @ torch.randn(2, 16)  # a rank-2 bias, as large as the gradient itself
+    bias_w *= 16 / float(bias_w.norm())
+    bias_b = torch.randn(32)
+    _debias_pairs(layer, opt, bias_w, bias_b, pairs=60)
+    g = torch.Generator().manual_seed(99)
+    before = after = 0.0
+    mean_err = torch.zeros(32, 16)
+    for _ in range(40):  # fresh steps: the corrected gradient against the true one
+        true_w = torch.randn(32, 16, generator=g)
+        fast = true_w + bias_w + 0.5 * torch.randn(32, 16, generator=g)
+        layer.weight.grad, layer.bias.grad = fast.clone(), bias_b.clone()
+        opt.correct()
+        before += float((fast - true_w).norm())
+        after += float((layer.weight.grad - true_w).norm())
+        mean_err += (layer.weight.grad - true_w) / 40
+        assert float(layer.bias.grad.norm()) < 0.3 * float(bias_b.norm())  # vectors are corrected too
+    assert after < 0.65 * before  # the noise (11 of the 20 before) stays: no correction can tell it apart
+    assert float(mean_err.norm()) < 0.2 * float(bias_w.norm())  # what stays is noise, not the bias
+    assert opt.state_bytes() >= 2 * (32 * 16 + 32) * 4 and not opt.fast
+
+
+def test_debias_takes_the_plain_mean_of_its_first_pairs_and_waits_for_one():
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 4)
+    opt = SpectralCorrection(torch.optim.SGD(layer.parameters(), lr=0.1),
+                             SpectralConfig(mode="debias", rank=4, decay=0.9))
+    g = torch.randn(4, 8)
+    layer.weight.grad, layer.bias.grad = g.clone(), None
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        opt.correct()
+        opt.correct()
+    assert torch.equal(layer.weight.grad, g) and opt.uncorrected_steps == 2 and len(said) == 1
+    gaps = [torch.randn(4, 8) for _ in range(2)]
+    for step, gap in enumerate(gaps):
+        anchor = torch.randn(4, 8)
+        layer.weight.grad = anchor - gap
+        opt.stash_fast(step)
+        opt.observe_anchor({layer.weight: anchor}, launched=step)
+    torch.testing.assert_close(opt.gap[id(layer.weight)], (gaps[0] + gaps[1]) / 2)  # not 0.9 * first + 0.1 * second
+    layer.weight.grad = g.clone()
+    opt.correct()
+    torch.testing.assert_close(layer.weight.grad, g + (gaps[0] + gaps[1]) / 2)  # rank 4 of a 4 x 8: all of it
+
+
+def test_decay_defaults_per_mode_and_debias_at_zero_keeps_the_latest_pair():
+    assert SpectralConfig(mode="shrinkage").decay == 0.9 and SpectralConfig(mode="debias").decay == 0.0
+    layer = nn.Linear(8, 4)
+    opt = SpectralCorrection(torch.optim.SGD(layer.parameters(), lr=0.1), SpectralConfig(mode="debias", rank=4))
+    for step in range(3):
+        gap = torch.full((4, 8), float(step))
+        layer.weight.grad, layer.bias.grad = -gap, None
+        opt.stash_fast(step)
+        opt.observe_anchor({layer.weight: torch.zeros(4, 8)}, launched=step)
+    torch.testing.assert_close(opt.bias[id(layer.weight)], torch.full((4, 8), 2.0))  # the latest pair's gap alone

@@ -16,13 +16,19 @@ matrix's gradient ``g``:
   anchor arrives their difference is the masking's noise on that batch. ``S`` is the anchors' gradient energy
   inside (or outside) the subspace, ``N`` the noise's, both averaged over the anchors like ``A``. A matrix whose
   gradient the masks do not touch (``N = 0``: a last stage under a gradient-only mask) is left as it is, and
-  the more of a part is noise, the more it is shrunk. Until a matrix has a measured pair it passes unchanged.
+  the more of a part is noise, the more it is shrunk. Until a matrix has a measured pair it passes unchanged;
+- ``mode="debias"``: ``g + B`` for every parameter, ``B`` the average of ``anchor - fast`` over the measured
+  pairs (kept as ``wiener`` keeps them), of a matrix only its top-``rank`` part. A forward mask makes the fast circuit descend another function,
+  the masked one; its gradient differs from the model's own by a bias that changes slowly with the weights, which
+  the pairs measure and the average keeps while the masks' zero-mean noise averages out of it. Until a matrix has
+  a measured pair it passes unchanged.
 
 Vectors (biases, norms) and matrices without an anchor yet pass unchanged; a step with no anchor at all is
 counted (``uncorrected_steps``) and said once, and the fast circuit never waits for one. State per corrected
 ``out x in`` matrix: ``A`` (``out * in`` float32) plus ``U`` and ``V`` (``rank * (out + in)`` float32); the
 ``wiener`` mode adds four numbers per matrix and, while an anchor is in flight, the fast gradient of its step
-(``out * in`` float32 per matrix and anchor).
+(``out * in`` float32 per matrix and anchor); ``debias`` the same kept fast gradients, the difference's average
+and its top-``rank`` part (``2 * out * in`` float32).
 """
 
 import warnings
@@ -34,7 +40,7 @@ from actzip.errors import ConfigError
 
 __all__ = ["SPECTRAL_MODES", "SpectralConfig", "SpectralCorrection"]
 
-SPECTRAL_MODES = ("off", "projection", "shrinkage", "wiener")
+SPECTRAL_MODES = ("off", "projection", "shrinkage", "wiener", "debias")
 
 
 @dataclass
@@ -44,13 +50,17 @@ class SpectralConfig:
     mode: str = "projection"  # one of SPECTRAL_MODES
     rank: int = 4  # singular directions kept per weight matrix
     shrink: float = 0.3  # shrinkage: the factor on the part of the gradient outside the subspace
-    decay: float = 0.9  # weight of the old average when an anchor gradient arrives (0: the latest alone)
+    # weight of the old average when an anchor gradient arrives (0: the latest alone); None: 0.9 for the
+    # subspace modes' averages, 0 for debias (its bias moves with the weights: docs/wire.md's decay ablation)
+    decay: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in SPECTRAL_MODES:
             raise ConfigError(f"SpectralConfig.mode must be one of {list(SPECTRAL_MODES)}, got {self.mode!r}")
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             raise ConfigError(f"SpectralConfig.rank must be an int >= 1, got {self.rank!r}")
+        if self.decay is None:
+            self.decay = 0.0 if self.mode == "debias" else 0.9
         for name in ("shrink", "decay"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
@@ -63,17 +73,25 @@ class SpectralCorrection:
     def __init__(self, optimizer: torch.optim.Optimizer, config: SpectralConfig) -> None:
         self.optimizer, self.config = optimizer, config
         self.matrices = [p for g in optimizer.param_groups for p in g["params"] if p.dim() == 2]
+        # debias corrects every parameter (a norm's gain shifts under a mask as much as a matrix); the others
+        # only matrices, whose subspaces they use
+        self.corrected = ([p for g in optimizer.param_groups for p in g["params"]] if config.mode == "debias"
+                          else self.matrices)
         self.average: dict[int, torch.Tensor] = {}  # id(param) -> A
         self.basis: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(param) -> (U, V)
         self.anchors = 0  # anchor gradients observed
         self.uncorrected_steps = 0  # steps taken before any anchor arrived (mode != "off")
         self.fast: dict[int, dict[int, torch.Tensor]] = {}  # wiener: anchor step -> id(param) -> fast gradient
         self.energy: dict[int, torch.Tensor] = {}  # wiener: id(param) -> [S_in, S_out, N_in, N_out] averages
+        self.gap: dict[int, torch.Tensor] = {}  # debias: id(param) -> average of anchor - fast
+        self.bias: dict[int, torch.Tensor] = {}  # debias: id(param) -> the average's top-rank part, B
+        self.pairs: dict[int, int] = {}  # debias: id(param) -> measured pairs folded in
 
     def state_bytes(self) -> int:
         """Bytes of the correction's own state (averages, bases, and the wiener mode's energies and kept fast
         gradients)."""
-        kept = [t for step in self.fast.values() for t in step.values()] + list(self.energy.values())
+        kept = [t for step in self.fast.values() for t in step.values()] + [*self.energy.values(), *self.gap.values(),
+                                                                            *self.bias.values()]
         return sum(t.numel() * t.element_size() for t in [*self.average.values(), *kept]) + sum(
             u.numel() * u.element_size() + v.numel() * v.element_size() for u, v in self.basis.values())
 
@@ -81,9 +99,9 @@ class SpectralCorrection:
     def stash_fast(self, step: int) -> None:
         """``wiener``: keep the fast circuit's gradient of every matrix as it is now (call it after the backward of
         a step an anchor was launched at, before :meth:`correct`), to pair it with that anchor's gradient."""
-        if self.config.mode != "wiener":
+        if self.config.mode not in ("wiener", "debias"):
             return
-        self.fast[step] = {id(p): p.grad.detach().float().clone() for p in self.matrices if p.grad is not None}
+        self.fast[step] = {id(p): p.grad.detach().float().clone() for p in self.corrected if p.grad is not None}
 
     def _project(self, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         u, v = self.basis[id(p)]
@@ -100,7 +118,7 @@ class SpectralCorrection:
         for old in [s for s in self.fast if launched is not None and s < launched]:
             del self.fast[old]  # an anchor that never arrived: its pair is of no use
         d = self.config.decay
-        for p in self.matrices:
+        for p in self.corrected:
             g = grads.get(p) if grads is not None else p.grad
             if g is None:
                 continue
@@ -108,6 +126,10 @@ class SpectralCorrection:
                 raise ConfigError(f"SpectralCorrection: an anchor gradient of shape {tuple(g.shape)} for a "
                                   f"parameter of shape {tuple(p.shape)}")
             g = g.detach().float()
+            if self.config.mode == "debias":
+                if fast is not None and id(p) in fast:
+                    self._fold_gap(p, g - fast[id(p)].to(g.device))
+                continue
             a = self.average.get(id(p))
             self.average[id(p)] = g.clone() if a is None else a.mul_(d).add_(g, alpha=1 - d)
             r = min(self.config.rank, *p.shape)
@@ -120,17 +142,37 @@ class SpectralCorrection:
                 e = self.energy.get(id(p))
                 self.energy[id(p)] = now if e is None else e.mul_(d).add_(now, alpha=1 - d)
 
+    def _fold_gap(self, p: torch.Tensor, gap: torch.Tensor) -> None:
+        """``debias``: fold one measured ``anchor - fast`` into its average; ``B`` is the average's top-``rank``
+        part for a matrix, the average itself for any other parameter."""
+        n = self.pairs[id(p)] = self.pairs.get(id(p), 0) + 1
+        weight = max(1 - self.config.decay, 1 / n)  # the plain mean of the first pairs, then the moving average
+        old = self.gap.get(id(p))
+        self.gap[id(p)] = gap if old is None else old.mul_(1 - weight).add_(gap, alpha=weight)
+        if p.dim() != 2:
+            self.bias[id(p)] = self.gap[id(p)]
+            return
+        r = min(self.config.rank, *p.shape)
+        u, s, vh = torch.linalg.svd(self.gap[id(p)], full_matrices=False)
+        self.bias[id(p)] = (u[:, :r] * s[:r]) @ vh[:r]
+
     @torch.no_grad()
     def correct(self) -> None:
-        """Correct the 2-D parameters' ``.grad`` in place (what :meth:`step` does before stepping)."""
+        """Correct the 2-D parameters' ``.grad`` (``debias``: every parameter's) in place (what :meth:`step` does
+        before stepping)."""
         cfg = self.config
         if cfg.mode == "off":
             return
-        if not self.basis:
+        if not (self.bias if cfg.mode == "debias" else self.basis):
             self.uncorrected_steps += 1
             if self.uncorrected_steps == 1:
                 warnings.warn("actzip SpectralCorrection: no anchor gradient yet; the fast circuit steps "
                               "uncorrected until one arrives (counted in uncorrected_steps)", stacklevel=3)
+            return
+        if cfg.mode == "debias":
+            for p in self.corrected:
+                if p.grad is not None and id(p) in self.bias:  # else: no measured pair yet
+                    p.grad.add_(self.bias[id(p)].to(p.grad.dtype))
             return
         for p in self.matrices:
             if p.grad is None or id(p) not in self.basis:
