@@ -93,6 +93,10 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
                "steps_run": n,
                "tokens": tokens_per_step * cfg.steps, "losses": mean_loss,
                "anchors": {k: sum(a[k] for a in anchors) for k in anchors[0]} if anchors else None,
+               # replica 0's anchor passes, both ways, per step (0 without anchors)
+               "anchor_bytes_per_step": sum(r["anchor_meter"]["sent"][c]["total"] for r in ranks
+                                            if r["replica"] == 0 and r.get("anchor_meter")
+                                            for c in ("fwd", "bwd")) / n,
                "wall_s": max(r["wall_s"] for r in ranks), "links": {}}
         for bw, lat in cfg.links:
             spec = LinkSpec(bandwidth_mbps=bw, latency_ms=lat)

@@ -92,6 +92,8 @@ def run_one(mesh: Mesh, cfg: DecentralizedBenchConfig, states: list, corpus, see
     rec = tc.record()  # before the evaluation's forwards add to the meter
     rec["val_loss"], rec["wall_s"] = _val_loss(tc.pipe, corpus, cfg, seed), wall
     tc.close()
+    if tc.anchors is not None:  # with the anchors that were still in flight at record()
+        rec["anchor_meter"] = tc.anchors.pipe.meters()[0].as_dict()
     # the trained model itself, as a user evaluates or serves it: the same stages with the wire's codecs off (a
     # boundary that is part of the model, pca's, stays), over the anchor groups, which are free once tc is closed
     plain = Pipeline(module, replace(pcfg, codec="none", fwd_codec=None, bwd_codec=None), distributed=True,

@@ -252,6 +252,21 @@ def _decay(c: dict) -> str:
     return f"decay {d:g}" if d is not None else "each mode's default decay (debias 0, the others 0.9)"
 
 
+def _anchor_bytes(rec: dict, method: str, task: str) -> float:
+    """Replica 0's anchor traffic per step, the mean over seeds: metered, or in records made before the meter
+    the dense pipeline's bytes a step (an anchor is one dense pass) times the anchors a stage ran a step."""
+    c = rec["config"]
+    rows = [r for r in rec["rows"] if (r["method"], r["task"]) == (method, task)]
+    if all("anchor_bytes_per_step" in r for r in rows):
+        return sum(r["anchor_bytes_per_step"] for r in rows) / len(rows)
+    got = []
+    for r in rows:
+        dense = next(d for d in rec["rows"] if (d["method"], d["task"], d["seed"]) == ("dense", task, r["seed"]))
+        per_stage = 0 if r["anchors"] is None else r["anchors"]["launched"] / (c["stages"] * c["replicas"])
+        got.append(dense["pp_bytes_per_step"] * per_stage / r["steps_run"])
+    return sum(got) / len(got)
+
+
 def correction_ablation(rel: str):
     """Per task, each correction beside the circuit it corrects: the training loss (through the masks) and the
     trained model's held-out loss (codecs off) against dense, and the share of the uncorrected circuit's
@@ -262,11 +277,12 @@ def correction_ablation(rel: str):
         out = [_describe(rec).split(" Final loss:")[0] + " Training loss: the replicas' mean over the last tenth "
                "of the steps, through the masks; held-out loss: the trained model (replica 0) on "
                f"{c['eval_batches']} held-out batches of its task with every boundary codec off, as it is used "
-               "after training; the anchors every "
+               "after training; the anchors' traffic is their dense passes' (metered, or for records made before "
+               "the meter, dense's pipeline bytes for each pass); the anchors every "
                f"{c['anchor_every']} steps, due {c['anchor_delay']} later, rank {c['spectral_rank']}, "
                f"{_decay(c)}.", ""]
-        head = ["task", "method", "corrects", "training loss vs dense (range)", "held-out loss vs dense (range)",
-                "held-out gap closed"]
+        head = ["task", "method", "corrects", "pipeline MB/step", "anchors' MB/step", "training loss vs dense (range)",
+                "held-out loss vs dense (range)", "held-out gap closed"]
         out += ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(head) - 3)]
         for task in c["tasks"]:
             for a in (a for a in rec["aggregate"] if a["task"] == task and a["method"] not in ("dense", "bf16")):
@@ -275,7 +291,8 @@ def correction_ablation(rel: str):
                 mlo, mhi = a["model_val_loss_vs_dense_range"]
                 closed = "" if base is None else pct(1 - a["model_val_loss_vs_dense"] / _agg(
                     rec, base, task)["model_val_loss_vs_dense"]).lstrip("+")
-                out.append(f"| {task} | {a['method']} | {base or ''} | {pct(a['loss_vs_dense'])} "
+                out.append(f"| {task} | {a['method']} | {base or ''} | {a['pp_bytes_per_step'] / 1e6:.3f} | "
+                           f"{_anchor_bytes(rec, a['method'], task) / 1e6:.3f} | {pct(a['loss_vs_dense'])} "
                            f"({pct(lo / a['dense_reference'] - 1)} to {pct(hi / a['dense_reference'] - 1)}) | "
                            f"{pct(a['model_val_loss_vs_dense'])} ({pct(mlo)} to {pct(mhi)}) | {closed} |")
         return "\n".join(out) + f"\n\n{len(c['seeds'])} seeds {cite(rel)}."
@@ -304,6 +321,15 @@ def correction_reading(root: Path) -> str:
                                                  for t in rec["config"]["tasks"]) for k, rec in decays.items())
     checks = [load(rel) for rel in CPU_CORRECTION_CHECK.values()]
     back = span(list(recs.values()), "mask-backward-debias")
+    default = recs["default"]
+    mine = _agg(default, "two-circuit-debias")["pp_bytes_per_step"]
+    anchors = _anchor_bytes(default, "two-circuit-debias", "domain")
+    bf16 = _agg(default, "bf16")["pp_bytes_per_step"]
+    traffic = (f" The anchors are not free on the wire: on the default protocol their dense float32 pass every "
+               f"{default['config']['anchor_every']} steps adds {anchors / 1e6:.3f} MB a step to the masked "
+               f"circuit's {mine / 1e6:.3f} MB, the two together {bf16 / (mine + anchors):.1f} times fewer bytes "
+               f"than the bf16 wire's (the masked circuit alone: {bf16 / mine:.1f} times); off the critical path, "
+               f"but on the same links, which the link model's step times leave out.")
     return (f"At the decay the subspace corrections use (0.9), `debias` closes "
             f"{span(list(recs.values()), 'two-circuit-debias')} of `mask+topk`'s held-out gap over both protocols "
             f"and tasks, and the other corrections {others} (negative: wider); on the gradient-only mask, whose "
@@ -312,7 +338,7 @@ def correction_reading(root: Path) -> str:
             f"{sweep}. At decay 0 (the latest pair alone) on three seeds none of these runs used (3, 4, 5) and on "
             f"the quick protocol: {span(checks, 'two-circuit-debias')} of the gap closed over both tasks. Its "
             f"training loss through the masks moves away from dense as its model's held-out loss moves towards "
-            f"it: it trains the model, not the masked function "
+            f"it: it trains the model, not the masked function.{traffic} "
             f"{cite(*CPU_CORRECTION_ABLATION.values(), *list(CPU_CORRECTION_DECAY.values())[1:], *CPU_CORRECTION_CHECK.values())}.")
 
 RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-cpu": _figure(CPU_RUN), "wire-decentralized-h200-speed": _figure(H200_SPEED),

@@ -37,6 +37,9 @@ def test_every_method_has_a_row_with_the_documented_fields(record):
     assert by["mask+diloco"]["dp_bytes_per_step"] < by["bf16"]["dp_bytes_per_step"] / 4
     assert by["dense"]["target_step"] is not None  # dense reaches its own final loss
     assert by["two-circuit"]["anchors"]["launched"] == 4 * 3  # 4 ranks, every 2nd of 6 steps
+    # its anchors are dense passes, every 2nd step: half of dense's pipeline bytes a step, beside its own
+    assert by["two-circuit"]["anchor_bytes_per_step"] == pytest.approx(by["dense"]["pp_bytes_per_step"] / 2, rel=0.05)
+    assert by["mask+diloco"]["anchor_bytes_per_step"] == 0
     # an eighth of the width in 8-bit codes each way, and the bases it sent: about a fourteenth of bf16's bytes
     assert by["pca"]["pp_bytes_per_step"] < by["bf16"]["pp_bytes_per_step"] / 8
     assert by["pca"]["dp_bytes_per_step"] == by["bf16"]["dp_bytes_per_step"]  # the same bf16 all-reduce
