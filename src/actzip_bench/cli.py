@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from actzip.errors import ActzipError
-from actzip_bench.commands import (decentralized_bench, demo, memory_bench, prompt_bench, report, split_bench,
-                                    training_bench, wire_bench)
+from actzip_bench.commands import (decentralized_bench, demo, link_bench, memory_bench, prompt_bench, report,
+                                    split_bench, training_bench, wire_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     training_bench.add_parsers(bench)
     wire_bench.add_parsers(bench)
     decentralized_bench.add_parsers(bench)
+    link_bench.add_parsers(bench)
     split_bench.add_parsers(bench)
     prompt_bench.add_parsers(bench)
     report.add_parsers(sub)

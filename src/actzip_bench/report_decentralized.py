@@ -39,6 +39,10 @@ CPU_QUANT_256 = "results/cpu/decentralized-quant-256.json"
 CPU_SHAPED = ("results/cpu/decentralized-shaped-200.json", "results/cpu/decentralized-shaped-80.json")
 # the same protocol for the 4-bit data-parallel sync (pca+quant, int4+quant) on the 200 Mbit/s link
 CPU_SHAPED_QUANT = ("results/cpu/decentralized-shaped-quant-200.json",)
+# and at width 256 on the CPU, one seed, domain (records with each step's measured sync)
+CPU_SHAPED_256 = ("results/cpu/decentralized-shaped-quant-256.json",)
+CPU_LOCAL_256 = "results/cpu/decentralized-quant-256-local.json"  # the same runs with every rank on one host
+CPU_LINK = "results/cpu/link-200.json"  # bench link: messages alone over the shaped link, against the model
 # those methods on the shaped mesh with an H100 computing (width 512, 256-token windows), one seed, domain
 H100_SHAPED = ("results/h100/decentralized-shaped-gpu.json",)
 # the corrections' ablation with the trained models' held-out loss (codecs off): the quick and the default protocol
@@ -210,6 +214,10 @@ def shaped_calibration(root: Path, rels: tuple[str, ...] = CPU_SHAPED, summarize
     recs = [json.loads((Path(root) / rel).read_text()) for rel in rels]
     tasks = recs[0]["config"]["tasks"]
     head = ["method", "link", "measured step ms", "model step ms", "model vs measured"]
+    # records that keep each step's measured data-parallel sync: it beside the part of the model's step it adds
+    syncs = all("dp_sync_s" in r for rec in recs for r in rec["rows"])
+    if syncs:
+        head += ["sync measured ms", "sync in the model ms"]
     for t in tasks:
         head += [f"{t}: time to dense's loss, measured (model)", "best trivial wire's time / this one's, measured"]
     out = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
@@ -224,6 +232,10 @@ def shaped_calibration(root: Path, rels: tuple[str, ...] = CPU_SHAPED, summarize
             offs.append(modelled / measured - 1)
             cells = [method, f"{bw:g} Mbps, {lat:g} ms", f"{1e3 * measured:.1f}", f"{1e3 * modelled:.1f}",
                      pct(modelled / measured - 1)]
+            if syncs:
+                rows = [r for r in rec["rows"] if r["method"] == method]
+                sync_model = sum(r["links"][model]["step_s"] - r["links"][model]["pp_step_s"] for r in rows) / len(rows)
+                cells += [f"{1e3 * sum(r['dp_sync_s'] for r in rows) / len(rows):.1f}", f"{1e3 * sync_model:.1f}"]
             for a in aggs:
                 got, want = a["links"][shaped]["time_to_target_s"], a["links"][model]["time_to_target_s"]
                 ratio = a["links"][shaped].get("ttt_vs_best_trivial")
@@ -341,6 +353,26 @@ def correction_reading(root: Path) -> str:
             f"it: it trains the model, not the masked function.{traffic} "
             f"{cite(*CPU_CORRECTION_ABLATION.values(), *list(CPU_CORRECTION_DECAY.values())[1:], *CPU_CORRECTION_CHECK.values())}.")
 
+
+
+def link_probe(root: Path) -> str:
+    """``bench link``'s record: each message size's measured time against the model's."""
+    rec = json.loads((Path(root) / CPU_LINK).read_text())
+    c = rec["config"]
+    out = ["| message bytes | measured ms | model ms | model vs measured |", "|---:|---:|---:|---:|"]
+    out += [f"| {r['bytes']:,} | {1e3 * r['measured_s']:.2f} | {1e3 * r['model_s']:.2f} | "
+            f"{pct(r['model_s'] / r['measured_s'] - 1)} |" for r in rec["rows"]]
+    return "\n".join(out) + (f"\n\n{c['mbps']:g} Mbit/s shaped by `{rec['shaping']}`, one message at a time "
+                             f"after {c['idle_s']:g} s idle, median of {c['repeats']} {cite(CPU_LINK)}.")
+
+
+def local_sync(root: Path) -> str:
+    """The same runs on one host: what their data-parallel sync took without a slow link under it."""
+    rec = json.loads((Path(root) / CPU_LOCAL_256).read_text())
+    parts = ", ".join(f"`{r['method']}` {1e3 * r['dp_sync_s']:.1f} ms" for r in rec["rows"])
+    return (f"The same runs with every rank on one host, no namespace: their sync took {parts} a step, the host's "
+            f"own work and the loopback's copies {cite(CPU_LOCAL_256)}.")
+
 RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-cpu": _figure(CPU_RUN), "wire-decentralized-h200-speed": _figure(H200_SPEED),
              "wire-decentralized-h200-speed-gpipe": _figure(H200_SPEED_GPIPE),
              "wire-decentralized-pca-quick": _figure(CPU_PCA_QUICK),
@@ -363,4 +395,7 @@ RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-
              **{f"wire-decentralized-correction-decay-0-{k}": correction_ablation(v)
                 for k, v in CPU_CORRECTION_CHECK.items()},
              "wire-decentralized-shaped-quant": lambda root: shaped_calibration(root, CPU_SHAPED_QUANT, "pca+quant"),
-             "wire-decentralized-shaped-h100": lambda root: shaped_calibration(root, H100_SHAPED, "pca+quant")}
+             "wire-decentralized-shaped-h100": lambda root: shaped_calibration(root, H100_SHAPED, "pca+quant"),
+             "wire-decentralized-shaped-256": lambda root: shaped_calibration(root, CPU_SHAPED_256, "pca+quant")
+             + " " + local_sync(root),
+             "wire-link-probe": link_probe}

@@ -38,11 +38,18 @@ def test_actzip_bench_without_rich_names_the_extra():
     ["bench", "lora", "--config", "h200", "--dropout-mask", "regenerate"],
     ["bench", "cache", "--quick", "--models", "gpt-gelu", "--group-size", "64"],
     ["bench", "wire", "--quick", "--mode", "processes", "--stage-lr-scale", "1,0.3"],
+    ["bench", "link", "--mbps", "80", "--sizes", "1000,2000", "--repeats", "3"],
     ["report", "--root", ".", "--out", "R.md"],
 ])
 def test_every_command_keeps_its_options(argv):
     args = build_parser().parse_args(argv)
     assert callable(args.func)
+
+
+def test_bench_link_names_a_bad_size_list(capsys):
+    assert main(["bench", "link", "--sizes", "1000,lots"]) == 2
+    err = capsys.readouterr().err
+    assert "--sizes takes comma-separated byte counts" in err or "bench link needs a shaped link" in err
 
 
 def test_a_bad_option_value_is_a_clear_error(capsys):

@@ -40,7 +40,9 @@ def _train(mesh, rank, dp, steps, anchor=None, spectral=None, seed_by_rank=False
     tc.close()
     rec = tc.record()
     return {"fp": fingerprint(tc.params).tolist(), "dp_bytes": rec["dp_bytes"], "losses": rec["losses"],
-            "anchors": rec["anchors"], "stage": mesh.stage, "replica": mesh.replica}
+            "anchors": rec["anchors"], "stage": mesh.stage, "replica": mesh.replica,
+            "anchor_sent": None if rec["anchor_meter"] is None else
+            sum(rec["anchor_meter"]["sent"][c]["total"] for c in ("fwd", "bwd"))}
 
 
 def _every_case(rank, world):
@@ -50,6 +52,8 @@ def _every_case(rank, world):
     runs = [_train(mesh, rank, dp, 6, seed_by_rank=True) for dp in DP_CASES]
     runs.append(_train(mesh, rank, DPConfig(), 8, AnchorConfig(every=2, delay=1), SpectralConfig(mode="shrinkage",
                                                                                                  rank=2)))
+    runs.append(_train(mesh, rank, DPConfig(), 8, AnchorConfig(every=2, delay=1, codec="cast:dtype=bfloat16"),
+                       SpectralConfig(mode="debias", rank=2)))
     try:  # last: replicas configured otherwise are refused before any collective of theirs
         TwoCircuit(_stages(), mesh, PipelineConfig(microbatches=2, timeout_s=40),
                    TwoCircuitConfig(dp=DPConfig(method="topk", keep=0.1 if mesh.replica == 0 else 0.2)))
@@ -89,6 +93,13 @@ def test_anchors_arrive_and_correct_the_fast_circuit(every_case):
     for ranks in every_case:
         a = ranks[len(DP_CASES)]["anchors"]
         assert a["launched"] == 4 and a["lost"] == 0 and a["delivered"] >= 2, a
+
+
+def test_anchors_in_bf16_send_half_the_bytes_and_feed_the_debias_correction(every_case):
+    for ranks in every_case:
+        f32, bf16 = ranks[len(DP_CASES)], ranks[len(DP_CASES) + 1]
+        assert bf16["anchors"]["launched"] == 4 and bf16["anchors"]["lost"] == 0, bf16["anchors"]
+        assert 0.45 < bf16["anchor_sent"] / f32["anchor_sent"] < 0.6  # float32 -> bfloat16, headers aside
 
 
 def _diverge(rank, world):

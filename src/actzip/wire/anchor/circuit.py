@@ -39,12 +39,17 @@ class AnchorConfig:
     every: int = 8  # fast steps between two anchor launches (K)
     delay: int = 2  # fast steps after its launch at which an anchor is handed over (D), if finished
     max_pending: int = 2  # anchors in flight at once; a launch beyond this is skipped and counted
+    # a pipeline's anchor passes, both ways: "none" sends float32 (the exact unmasked gradients); a registry
+    # codec such as "cast:dtype=bfloat16" halves their traffic on the same links as the fast circuit's
+    codec: str = "none"
 
     def __post_init__(self) -> None:
         for name, low in (("every", 1), ("delay", 0), ("max_pending", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ConfigError(f"AnchorConfig.{name} must be an int >= {low}, got {v!r}")
+        if not isinstance(self.codec, str) or not self.codec:
+            raise ConfigError(f"AnchorConfig.codec must be a codec spec string, got {self.codec!r}")
 
 
 class PendingAnchor:

@@ -3,8 +3,8 @@ a snapshot of the parameters, in a background thread talking over its own proces
 handed to the spectral correction D steps later, and the fast circuit never waits for them.
 
 Each stage keeps a copy of its module for the anchor passes, and a second :class:`~actzip.wire.Pipeline` over
-it: dense codecs both ways (the anchors are what the masks would lose), on the mesh's anchor groups, so its
-messages never mix with the fast circuit's. One thread per stage runs the launched anchors in launch order;
+it: ``AnchorConfig.codec`` both ways, float32 by default (the anchors are what the masks would lose), on the
+mesh's anchor groups, so its messages never mix with the fast circuit's. One thread per stage runs the launched anchors in launch order;
 every stage launches at the same steps (``step % every == 0``), so the anchor pipeline's stages run the same
 passes in the same order.
 
@@ -44,7 +44,7 @@ class PipelineAnchors(AnchorDelivery):
         super().__init__(correction, config, [p for p in module.parameters() if p.requires_grad], "pipeline anchors")
         self.module = copy.deepcopy(module)
         self.copy_params = [p for p in self.module.parameters() if p.requires_grad]  # the anchor passes' copy
-        dense = replace(fast_config, codec="none", fwd_codec=None, bwd_codec=None)
+        dense = replace(fast_config, codec=config.codec, fwd_codec=None, bwd_codec=None)
         self.pipe = Pipeline(self.module, dense, loss_fn=loss_fn, distributed=True, group=group,
                              down_group=down_group)
         self._queue: queue.Queue = queue.Queue()

@@ -1,0 +1,101 @@
+"""Time messages over a real shaped link, to check it against the link model.
+
+:func:`transfer_times` sets up a :class:`~actzip.wire.link.NetnsLink`, starts a receiver in one namespace and a
+sender in the other (this module run as a script: ``python -m actzip.wire.link_probe serve|send``), and times
+each message from the first byte sent to the receiver's one-byte acknowledgement, after an idle gap such as a
+training step leaves between its transfers. :func:`model_seconds` is what the link model gives the same message.
+The software latency of a tbf-shaped link is added by actzip's own transport, not by raw sockets: probe a link
+with ``latency_ms=0`` to check its rate.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import sys
+import time
+
+from actzip.errors import ConfigError, WireError
+from actzip.wire.link import LinkSpec, NetnsLink
+
+__all__ = ["DEFAULT_SIZES", "model_seconds", "transfer_times"]
+
+DEFAULT_SIZES = (16_000, 64_000, 256_000, 1_000_000, 4_000_000)  # bytes: a microbatch's codes to a whole bucket
+_PORT = 5601
+
+
+def model_seconds(link: LinkSpec, nbytes: int) -> float:
+    """The link model's time for one message of ``nbytes``: its transfer plus one one-way latency."""
+    return link.seconds(nbytes) + link.latency_ms / 1e3
+
+
+def transfer_times(link: LinkSpec, sizes=DEFAULT_SIZES, repeats: int = 7, idle_s: float = 0.2,
+                   timeout_s: float = 120.0) -> dict[int, float]:
+    """Median seconds per message of each size in ``sizes`` (bytes) over ``link``, ``repeats`` messages each,
+    ``idle_s`` apart. Needs what :class:`NetnsLink` needs (root, iproute2)."""
+    sizes = [int(s) for s in sizes]
+    if not sizes or any(s < 1 for s in sizes):
+        raise ConfigError(f"transfer_times: sizes must be positive byte counts, got {sizes!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"transfer_times: repeats must be an int >= 1, got {repeats!r}")
+    import subprocess
+
+    with NetnsLink(link) as net:
+        me = [sys.executable, "-m", "actzip.wire.link_probe"]
+        server = net.popen(1, [*me, "serve", net.addresses[1]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            sender = net.popen(0, [*me, "send", net.addresses[1], json.dumps(sizes), str(repeats), str(idle_s)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            out, err = sender.communicate(timeout=timeout_s)
+        finally:
+            server.kill()
+            server.wait()
+        if sender.returncode != 0:
+            raise WireError(f"transfer_times: the sender failed: {err.strip()[-500:]}")
+    return {int(k): v for k, v in json.loads(out).items()}
+
+
+def _serve(address: str) -> None:
+    listener = socket.create_server((address, _PORT))
+    conn, _ = listener.accept()
+    while True:
+        head = conn.recv(8, socket.MSG_WAITALL)
+        if len(head) < 8:
+            return
+        left = int.from_bytes(head, "little")
+        while left:
+            left -= len(conn.recv(min(1 << 20, left)))
+        conn.sendall(b"k")
+
+
+def _send(address: str, sizes: list[int], repeats: int, idle_s: float) -> dict[int, float]:
+    deadline = time.monotonic() + 10
+    while True:  # the receiver may still be starting
+        try:
+            conn = socket.create_connection((address, _PORT), timeout=10)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    got = {}
+    for size in sizes:
+        message = size.to_bytes(8, "little") + bytes(size)
+        times = []
+        for _ in range(repeats):
+            time.sleep(idle_s)
+            t0 = time.perf_counter()
+            conn.sendall(message)
+            conn.recv(1)
+            times.append(time.perf_counter() - t0)
+        got[size] = statistics.median(times)
+    return got
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        _serve(sys.argv[2])
+    else:
+        print(json.dumps(_send(sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))))

@@ -1,0 +1,55 @@
+"""``actzip bench link``: messages timed over a real shaped link (network namespaces, ``tc``) against the link
+model's time for them, per message size."""
+
+from __future__ import annotations
+
+import argparse
+
+from actzip_bench.commands.common import command_line, write_json
+
+
+def _bench_link(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from actzip.errors import ConfigError
+    from actzip.wire.link import LinkSpec, netns_unavailable_reason, shaping_qdisc
+    from actzip.wire.link_probe import DEFAULT_SIZES, model_seconds, transfer_times
+    from actzip_bench.harness import machine_record
+
+    why = netns_unavailable_reason(shaped=True)
+    if why is not None:
+        raise ConfigError(f"bench link needs a shaped link: {why}")
+    try:
+        sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES
+    except ValueError:
+        raise ConfigError(f"--sizes takes comma-separated byte counts, got {args.sizes!r}") from None
+    link = LinkSpec(bandwidth_mbps=args.mbps)
+    console = Console()
+    console.print(f"timing {len(sizes)} message sizes x {args.repeats} over a {args.mbps:g} Mbit/s shaped link")
+    got = transfer_times(link, sizes, repeats=args.repeats, idle_s=args.idle)
+    rows = [{"bytes": n, "measured_s": got[n], "model_s": model_seconds(link, n)} for n in sizes]
+    t = Table(title=f"{args.mbps:g} Mbit/s ({shaping_qdisc()}), median of {args.repeats}")
+    for col in ("bytes", "measured ms", "model ms", "model vs measured"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(f"{r['bytes']:,}", f"{1e3 * r['measured_s']:.2f}", f"{1e3 * r['model_s']:.2f}",
+                  f"{r['model_s'] / r['measured_s'] - 1:+.1%}")
+    console.print(t)
+    record = {"config": {"mbps": args.mbps, "sizes": list(sizes), "repeats": args.repeats, "idle_s": args.idle},
+              "rows": rows, "shaping": shaping_qdisc(), "machine": machine_record(torch.device("cpu")),
+              "command": command_line(args)}
+    write_json(record, args.json, console)
+    return 0
+
+
+def add_parsers(bench) -> None:
+    """Add ``link`` to ``actzip bench``."""
+    lb = bench.add_parser("link", help="messages timed over a real shaped link against the link model (root)")
+    lb.add_argument("--mbps", type=float, default=200.0, help="the link's rate in Mbit/s (default 200)")
+    lb.add_argument("--sizes", help="comma-separated message sizes in bytes (default 16 kB to 4 MB)")
+    lb.add_argument("--repeats", type=int, default=7, help="messages of each size; the median counts (default 7)")
+    lb.add_argument("--idle", type=float, default=0.2, help="seconds idle before each message (default 0.2)")
+    lb.add_argument("--json", help="write the record here")
+    lb.set_defaults(func=_bench_link)
