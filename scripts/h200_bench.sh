@@ -27,7 +27,8 @@
 #   decentralized-wide-loss-alone (the loss runs one seed after the other, each alone: their own step times),
 #   decentralized-wide-loss-s2-continual (the continual runs seed 2 lacks), decentralized-shaped-gpu (the
 #   4-bit data-parallel sync on a shaped link with the GPU computing; after netns-probe),
-#   decentralized-unshaped-gpu (the same runs on one host),
+#   decentralized-unshaped-gpu (the same runs on one host), decentralized-wide-shaped-s0 (-s1, -s2: the wide
+#   shape's 4-bit-sync methods on the shaped link, dense off it; after netns-probe),
 #   netns-probe (whether the shaped mesh can run there, with a carried iproute2),
 #   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average)
 set -uo pipefail
@@ -324,6 +325,16 @@ for stage in $stages; do
         --microbatches 4 --schedule gpipe --pretrain-steps 300 --steps 40 --until-target 2 --seeds 0 --tasks domain \
         --methods dense,int4+quant,pca+quant --shaped-link 200,50 --json "$out/shaped-gpu.json" \
         > "$out/shaped-gpu.log" 2>&1; tail -n 12 "$out/shaped-gpu.log"; rm -f "$out/shaped-gpu.png" ;;
+    decentralized-wide-shaped-s0|decentralized-wide-shaped-s1|decentralized-wide-shaped-s2)  # after netns-probe:
+      # the wide shape's 4-bit-sync methods on the shaped 200 Mbit/s link, one seed a stage (about 7 minutes),
+      # dense off the link (float32 over it would take most of an hour) as the target; int4+quant is the
+      # trivial wire the model found fastest to dense's loss there (decentralized-wide-loss.json)
+      grep -q "netns add: ok" "$out/netns-probe.txt" 2>/dev/null || { echo "skipped: no namespaces here"; continue; }
+      seed=${stage##*-s}
+      az bench decentralized "${wide[@]}" --pretrain-steps 300 --steps 40 --until-target 2 --seeds "$seed" \
+        --methods dense,int4+quant,pca+quant --shaped-link 200,50 --dense-off-link \
+        --json "$out/wide-shaped-s$seed.json" > "$out/wide-shaped-s$seed.log" 2>&1
+      tail -n 3 "$out/wide-shaped-s$seed.log"; rm -f "$out/wide-shaped-s$seed.png" ;;
     decentralized-unshaped-gpu)  # decentralized-shaped-gpu's runs with every rank on this host (no namespaces): the
       # data-parallel sync's own work without a slow link under it
       az bench decentralized --device cuda --n-layer 4 --n-embd 512 --block-size 256 --batch-size 32 \

@@ -105,7 +105,11 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
             row["links"][f"{bw:g}mbps-{lat:g}ms"] = {"step_s": statistics.median(times[1:] or times),
                                                      "pp_step_s": statistics.median(pp[1:] or pp),
                                                      "cumulative_s": list(_cumsum(times))}
-        if cfg.shaped_link is not None:
+        if cfg.shaped_link is not None and cfg.dense_off_link and run["method"] == "dense":
+            # trained off the link: its time there is the model's of the same link
+            modelled = f"{cfg.shaped_link[0]:g}mbps-{cfg.shaped_link[1]:g}ms"
+            row["links"][cfg.link_names[-1]] = {**row["links"][modelled], "pp_step_s": None, "modelled": True}
+        elif cfg.shaped_link is not None:
             row["links"][cfg.link_names[-1]] = _measured(ranks)
         rows.append(row)
     for row in rows:
@@ -182,8 +186,8 @@ def aggregate(cfg: DecentralizedBenchConfig, rows: list[dict]) -> list[dict]:
                 if "bf16" in ref:
                     theirs = ref["bf16"]["links"][name]
                     link["throughput_vs_bf16"] = theirs["step_s"] / link["step_s"]
-                    link["pp_throughput_vs_bf16"] = (None if link["pp_step_s"] is None else
-                                                     theirs["pp_step_s"] / link["pp_step_s"])
+                    link["pp_throughput_vs_bf16"] = (None if link["pp_step_s"] is None or theirs["pp_step_s"] is None
+                                                     else theirs["pp_step_s"] / link["pp_step_s"])
                 trivial = [ref[t]["links"][name]["time_to_target_s"] for t in TRIVIAL if t in ref]
                 trivial = [t for t in trivial if t is not None]
                 best = min(trivial) if trivial else None
@@ -207,31 +211,54 @@ def run_decentralized(cfg: DecentralizedBenchConfig, progress: Callable[[str], N
             states[seed] = pretrain(cfg, seed, corpora["code_early"], device)
         torch.save(states, os.path.join(tmp, "states.pt"))
         fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
-        out = os.path.join(tmp, "runs.jsonl")
-        args = ["--config", json.dumps(fields), "--states", os.path.join(tmp, "states.pt"), "--out", out,
-                "--device", device.type]
+
+        def worker_args(out: str, *more: str) -> list[str]:
+            return ["--config", json.dumps(fields), "--states", os.path.join(tmp, "states.pt"), "--out", out,
+                    "--device", device.type, *more]
+
         where = "" if cfg.shaped_link is None else ", each in a network namespace, every uplink shaped"
         say(f"training on {cfg.stages} stages x {cfg.replicas} replicas ({world} processes{where})")
-        errors = os.path.join(tmp, "stderr.txt")  # a file, not a pipe: a full pipe would stall the ranks
-        with open(errors, "w") as err_file:
-            code, finished = launch_ranks(world, args, err_file, progress, cfg.shaped_link)
-        with open(errors) as f:
-            err = f.read()
-        runs = _read_runs(out)
-        if code and len(finished) == world:
-            # every rank passed the final barrier after the record was written: what failed is gloo's teardown
-            record_fallback("bench decentralized", f"a rank failed while closing its connections (exit {code}) "
-                            "after every rank had finished and the record was written",
-                            instead="keeping the record (it is complete)")
-        elif code:
-            message = "bench decentralized: the training processes failed:\n" + failure_lines(err)
-            raise DecentralizedRunError(message, _partial_record(cfg, runs, device, message))
+        runs, more, exits = [], [], []
+        if cfg.dense_off_link:  # dense on this host, then the others on the link with its losses as targets
+            say("dense first, every rank on this host (its values are the same on any link)")
+            runs = _launch(cfg, world, worker_args(os.path.join(tmp, "dense.jsonl"), "--only", "dense"), tmp,
+                           progress, None, device, [], exits)
+            reference = dataclasses.replace(cfg, shaped_link=None, dense_off_link=False, methods=("dense",))
+            targets = {f"{r['seed']}:{r['task']}": r["final_loss"] for r in summarize(reference, runs)}
+            more = ["--only", ",".join(m for m in cfg.methods if m != "dense"), "--targets", json.dumps(targets)]
+        runs += _launch(cfg, world, worker_args(os.path.join(tmp, "runs.jsonl"), *more), tmp, progress,
+                        cfg.shaped_link, device, runs, exits)
     rows = summarize(cfg, runs)
     record = {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
-              "machine": machine_record(device), "teardown_exit": code}  # non-zero: a rank failed in teardown only
+              "machine": machine_record(device),
+              "teardown_exit": next((c for c in exits if c), 0)}  # non-zero: a rank failed in teardown only
     if cfg.shaped_link is not None:  # netem (rate and delay in the kernel) or tbf (the latency in the senders)
         record["shaping"] = shaping_qdisc()
     return record
+
+
+def _launch(cfg: DecentralizedBenchConfig, world: int, worker_args: list[str], tmp: str,
+            progress: Callable[[str], None] | None, shaped: tuple[float, float] | None, device: torch.device,
+            before: list[dict], exits: list[int]) -> list[dict]:
+    """One torchrun (or namespace) launch of the worker: the runs it wrote. A failure raises with the runs
+    finished before it, ``before``'s included; a failure in gloo's teardown after every rank finished is said
+    and counted, its exit status appended to ``exits``."""
+    errors = os.path.join(tmp, "stderr.txt")  # a file, not a pipe: a full pipe would stall the ranks
+    with open(errors, "w") as err_file:
+        code, finished = launch_ranks(world, worker_args, err_file, progress, shaped)
+    with open(errors) as f:
+        err = f.read()
+    runs = _read_runs(worker_args[worker_args.index("--out") + 1])
+    if code and len(finished) == world:
+        # every rank passed the final barrier after the record was written: what failed is gloo's teardown
+        record_fallback("bench decentralized", f"a rank failed while closing its connections (exit {code}) "
+                        "after every rank had finished and the record was written",
+                        instead="keeping the record (it is complete)")
+    elif code:
+        message = "bench decentralized: the training processes failed:\n" + failure_lines(err)
+        raise DecentralizedRunError(message, _partial_record(cfg, before + runs, device, message))
+    exits.append(code)
+    return runs
 
 
 class DecentralizedRunError(ActzipError):

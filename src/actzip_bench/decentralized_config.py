@@ -112,6 +112,10 @@ class DecentralizedBenchConfig:
     # (root; tbf with the latency added by the senders where the kernel has no netem), and every run's step
     # times measured on it beside the link model's ("shaped ..." in the links); None: all ranks on this host
     shaped_link: tuple[float, float] | None = None
+    # with shaped_link: dense (the loss reference, float32 both axes, the slowest on a slow link) trains with every
+    # rank on this host first, the other methods then on the shaped link; a run's values do not depend on its
+    # link, only its times, and dense's measured time on the shaped link is then the model's (marked so)
+    dense_off_link: bool = False
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -141,6 +145,8 @@ class DecentralizedBenchConfig:
             self.shaped_link = (float(link[0]), float(link[1]))
             if self.shaped_link not in [tuple(map(float, x)) for x in self.links]:  # the model of the same link
                 self.links = (*self.links, self.shaped_link)
+        if self.dense_off_link and self.shaped_link is None:
+            raise ConfigError("bench decentralized: dense_off_link takes a shaped_link (it runs dense off it)")
         if self.batch_size % self.microbatches:
             raise ConfigError(f"bench decentralized: batch_size {self.batch_size} is not a multiple of microbatches "
                               f"{self.microbatches}")

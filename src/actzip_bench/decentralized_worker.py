@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, help="DecentralizedBenchConfig fields as JSON")
     p.add_argument("--states", required=True, help="torch.save'd {seed: [stage state dicts]} after pretraining")
     p.add_argument("--out", required=True)
+    p.add_argument("--only", help="comma-separated methods of the config to run here (default all)")
+    p.add_argument("--targets", default="{}", help="JSON {\"seed:task\": loss}: dense's final losses from a run "
+                   "before this one (the target of the methods here when dense is not among them)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda: every rank on GPU LOCAL_RANK %% device count "
                    "(several ranks may share one; they talk over gloo through CPU copies)")
     args = p.parse_args(argv)
@@ -131,9 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         written = open(args.out, "w") if dist.get_rank() == 0 else None
         # dense first: its final loss is the others' target when they may train on until they reach it
         methods = sorted(cfg.methods, key=lambda m: m != "dense") if cfg.until_target > 1 else cfg.methods
+        if args.only:
+            methods = [m for m in methods if m in args.only.split(",")]
+        given = json.loads(args.targets)
         for seed in cfg.seeds:
             for task in cfg.tasks:
-                target = None
+                target = given.get(f"{seed}:{task}")
                 for method in methods:
                     got = run_one(mesh, cfg, pretrained[seed], corpora[TASKS[task]], seed, method, device,
                                   None if method == "dense" else target)

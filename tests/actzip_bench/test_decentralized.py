@@ -244,3 +244,23 @@ def test_on_a_shaped_link_every_rank_has_a_namespace_and_step_times_are_measured
         assert len(measured["cumulative_s"]) == 4 and measured["pp_step_s"] is None
         assert measured["step_s"] > 2 * 0.020
         assert row["links"]["100mbps-20ms"]["step_s"] > 2 * 0.020  # the model of the same link beside it
+
+
+@pytest.mark.skipif(netns_unavailable_reason(shaped=True) is not None,
+                    reason=f"shaped real link: {netns_unavailable_reason(shaped=True)}")
+def test_dense_off_the_link_sets_the_others_target_and_its_time_there_is_the_models():
+    cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), n_embd=32, block_size=16, steps=4, pretrain_steps=1,
+                              tasks=("domain",), corpus_bytes=40_000, dataset_windows=16, eval_batches=1,
+                              methods=("dense", "bf16"), links=((100.0, 20.0),), until_target=2.0)
+    local = run_decentralized(cfg)
+    split = run_decentralized(dataclasses.replace(cfg, shaped_link=(100.0, 20.0), dense_off_link=True))
+    mine = {r["method"]: r for r in split["rows"]}
+    theirs = {r["method"]: r for r in local["rows"]}
+    for m in ("dense", "bf16"):  # the same values, and bf16 trained on to the same target
+        assert mine[m]["losses"] == theirs[m]["losses"] and mine[m]["target_loss"] == theirs[m]["target_loss"]
+    dense = mine["dense"]["links"]
+    assert dense["shaped 100mbps-20ms"]["modelled"] and dense["shaped 100mbps-20ms"]["step_s"] == \
+        dense["100mbps-20ms"]["step_s"]
+    assert "modelled" not in mine["bf16"]["links"]["shaped 100mbps-20ms"]
+    with pytest.raises(ConfigError, match="dense_off_link"):
+        DecentralizedBenchConfig(dense_off_link=True)

@@ -111,6 +111,9 @@ def add_parsers(bench) -> None:
                     help="every rank in a network namespace of its own, each one's uplink shaped to this bandwidth "
                     "and one-way latency (root; `tc tbf` with the latency added by the senders where the kernel "
                     "has no netem): step times and times to target measured on it beside the link model's")
+    db.add_argument("--dense-off-link", action="store_const", const=True, dest="dense_off_link",
+                    help="with --shaped-link: dense (the loss reference) trains on this host first, the other "
+                    "methods on the shaped link (values never depend on the link; dense's time there is the model's)")
     db.add_argument("--methods", help="comma-separated methods (default all; docs/wire.md lists them, an unknown "
                     "name is refused with the list)")
     db.add_argument("--tasks", help="comma-separated tasks: domain, continual (default both)")
