@@ -116,6 +116,11 @@ def decentralized_markdown(rec: dict, path_note: str, speeds: bool = True, unsha
                           "not reached" if t is None else f"{t:,.1f} s"]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+    anchored = sorted({r["method"] for r in rec["rows"] if r.get("anchors")})
+    if anchored:  # their anchor passes cross the same links, apart from the fast circuit's bytes above
+        out += [f"The pipeline bytes of {', '.join(f'`{m}`' for m in anchored)} are the fast circuit's: their anchor "
+                f"passes (one dense float32 pass every {c['anchor_every']} steps) cross the same links besides, and "
+                "the step times leave them out.", ""]
     out.append(path_note)
     return "\n".join(out)
 
