@@ -98,6 +98,7 @@ class DecentralizedBenchConfig:
     anchor_every: int = 8  # anchor launches every this many steps
     anchor_delay: int = 2  # steps after launch at which an anchor is due
     spectral_rank: int = 4  # anchor subspace rank per matrix
+    anchor_codec: str = "none"  # the anchor passes' wire codec both ways (AnchorConfig.codec; "none": float32)
     spectral_decay: float | None = None  # weight of the correction's old averages (SpectralConfig.decay; None: its own)
     corpus_bytes: int = 1_000_000  # bytes of each domain's corpus
     dataset_windows: int = 1024  # fixed windows per replica (the delta codec's per-sample cache needs repeats)
@@ -202,7 +203,8 @@ def method_circuits(method: str, cfg: DecentralizedBenchConfig) -> TwoCircuitCon
         sync = DPConfig(method="quant", codec="quant:bits=4")
     else:
         sync = DPConfig(method=dp)
-    anchor = None if spectral is None else AnchorConfig(every=cfg.anchor_every, delay=cfg.anchor_delay)
+    anchor = None if spectral is None else AnchorConfig(every=cfg.anchor_every, delay=cfg.anchor_delay,
+                                                        codec=cfg.anchor_codec)
     correction = None if spectral is None else SpectralConfig(mode=spectral, rank=cfg.spectral_rank,
                                                                    decay=cfg.spectral_decay)
     return TwoCircuitConfig(dp=sync, anchor=anchor, spectral=correction, check_every=25)

@@ -54,6 +54,8 @@ CPU_CORRECTION_DECAY = {"0.9": CPU_CORRECTION_ABLATION["default"],
                         "0": "results/cpu/decentralized-correction-decay-0.json"}
 CPU_CORRECTION_CHECK = {"seeds345": "results/cpu/decentralized-correction-decay-0-seeds345.json",
                         "quick": "results/cpu/decentralized-correction-decay-0-quick.json"}
+# the seeds-3-5 check again with the anchor passes in bf16 (--anchor-codec cast:dtype=bfloat16)
+CPU_CORRECTION_BF16 = "results/cpu/decentralized-correction-decay-0-seeds345-bf16-anchors.json"
 # each corrected circuit -> the same circuit uncorrected (whose gap to dense a correction should close)
 UNCORRECTED = {"two-circuit": "mask+topk", "two-circuit-projection": "mask+topk", "two-circuit-wiener": "mask+topk",
                "two-circuit-debias": "mask+topk", "mask-backward-shrinkage": "mask-backward",
@@ -198,8 +200,8 @@ def wide_loss_reading(root: Path) -> str:
         return r["final_loss"] / dense["final_loss"] - 1
 
     rerun = json.loads((Path(root) / H100_WIDE_S2_CONTINUAL).read_text())["rows"]
-    pca = sorted([(r["seed"], gap(r, rec["rows"])) for r in rec["rows"] if (r["method"], r["task"]) == ("pca", "continual")]
-                 + [(r["seed"], gap(r, rerun)) for r in rerun if r["method"] == "pca"])
+    merged = [(r["seed"], gap(r, rec["rows"])) for r in rec["rows"] if (r["method"], r["task"]) == ("pca", "continual")]
+    pca = sorted(merged + [(r["seed"], gap(r, rerun)) for r in rerun if r["method"] == "pca"])
     continual = (f"; with seed 2's continual `pca` run again beside its own dense (`{H100_WIDE_S2_CONTINUAL}`: "
                  f"another pretraining, so not merged), `pca` on the continual task is "
                  f"{pct(sum(g for _, g in pca) / len(pca))} over {len(pca)} seeds "
@@ -340,6 +342,16 @@ def correction_reading(root: Path) -> str:
                                                  for t in rec["config"]["tasks"]) for k, rec in decays.items())
     checks = [load(rel) for rel in CPU_CORRECTION_CHECK.values()]
     back = span(list(recs.values()), "mask-backward-debias")
+    sources = [*CPU_CORRECTION_ABLATION.values(), *list(CPU_CORRECTION_DECAY.values())[1:],
+               *CPU_CORRECTION_CHECK.values(), CPU_CORRECTION_BF16]
+    half = load(CPU_CORRECTION_BF16)
+    half_anchors = _anchor_bytes(half, "two-circuit-debias", "domain")
+    both = _agg(half, "two-circuit-debias")["pp_bytes_per_step"] + half_anchors
+    halved = (f" With the anchor passes in bf16 (`--anchor-codec cast:dtype=bfloat16`, seeds 3, 4, 5 again) "
+              f"`debias` closes {span([half], 'two-circuit-debias')} of the gap with {half_anchors / 1e6:.3f} MB a "
+              f"step of anchors, the two circuits together "
+              f"{_agg(recs['default'], 'bf16')['pp_bytes_per_step'] / both:.1f} times fewer bytes than the bf16 "
+              f"wire's.")
     default = recs["default"]
     mine = _agg(default, "two-circuit-debias")["pp_bytes_per_step"]
     anchors = _anchor_bytes(default, "two-circuit-debias", "domain")
@@ -357,8 +369,8 @@ def correction_reading(root: Path) -> str:
             f"{sweep}. At decay 0 (the latest pair alone) on three seeds none of these runs used (3, 4, 5) and on "
             f"the quick protocol: {span(checks, 'two-circuit-debias')} of the gap closed over both tasks. Its "
             f"training loss through the masks moves away from dense as its model's held-out loss moves towards "
-            f"it: it trains the model, not the masked function.{traffic} "
-            f"{cite(*CPU_CORRECTION_ABLATION.values(), *list(CPU_CORRECTION_DECAY.values())[1:], *CPU_CORRECTION_CHECK.values())}.")
+            f"it: it trains the model, not the masked function.{traffic}{halved} "
+            f"{cite(*sources)}.")
 
 
 
@@ -380,7 +392,9 @@ def local_sync(root: Path) -> str:
     return (f"The same runs with every rank on one host, no namespace: their sync took {parts} a step, the host's "
             f"own work and the loopback's copies {cite(CPU_LOCAL_256)}.")
 
-RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-cpu": _figure(CPU_RUN), "wire-decentralized-h200-speed": _figure(H200_SPEED),
+
+RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-cpu": _figure(CPU_RUN),
+             "wire-decentralized-h200-speed": _figure(H200_SPEED),
              "wire-decentralized-h200-speed-gpipe": _figure(H200_SPEED_GPIPE),
              "wire-decentralized-pca-quick": _figure(CPU_PCA_QUICK),
              "wire-decentralized-pca-cpu": _figure(CPU_PCA),

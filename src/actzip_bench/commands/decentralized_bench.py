@@ -104,6 +104,8 @@ def add_parsers(bench) -> None:
                     "up to this multiple of --steps (default 1: never past them); final losses stay at --steps")
     db.add_argument("--mask-keep", type=float, dest="mask_keep",
                     help="fraction of the elements the boundary masks keep (default 0.125)")
+    db.add_argument("--anchor-codec", dest="anchor_codec",
+                    help="the anchor passes' wire codec both ways (default none: float32; e.g. cast:dtype=bfloat16)")
     db.add_argument("--spectral-decay", type=float, dest="spectral_decay",
                     help="weight of the correction's old averages when an anchor arrives (default: 0.9, "
                     "and 0 for the debias correction)")

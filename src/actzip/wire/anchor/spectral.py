@@ -18,10 +18,11 @@ matrix's gradient ``g``:
   gradient the masks do not touch (``N = 0``: a last stage under a gradient-only mask) is left as it is, and
   the more of a part is noise, the more it is shrunk. Until a matrix has a measured pair it passes unchanged;
 - ``mode="debias"``: ``g + B`` for every parameter, ``B`` the average of ``anchor - fast`` over the measured
-  pairs (kept as ``wiener`` keeps them), of a matrix only its top-``rank`` part. A forward mask makes the fast circuit descend another function,
-  the masked one; its gradient differs from the model's own by a bias that changes slowly with the weights, which
-  the pairs measure and the average keeps while the masks' zero-mean noise averages out of it. Until a matrix has
-  a measured pair it passes unchanged.
+  pairs (kept as ``wiener`` keeps them), of a matrix only its top-``rank`` part. A forward mask makes the fast
+  circuit descend another function, the masked one; its gradient differs from the model's own by a bias that
+  moves with the weights. The latest pair tracks it best (``decay`` 0, this mode's default); a decay averages
+  the masks' zero-mean noise out of ``B`` at the cost of lagging. Until a parameter has a measured pair it
+  passes unchanged.
 
 Vectors (biases, norms) and matrices without an anchor yet pass unchanged; a step with no anchor at all is
 counted (``uncorrected_steps``) and said once, and the fast circuit never waits for one. State per corrected
@@ -88,17 +89,19 @@ class SpectralCorrection:
         self.pairs: dict[int, int] = {}  # debias: id(param) -> measured pairs folded in
 
     def state_bytes(self) -> int:
-        """Bytes of the correction's own state (averages, bases, and the wiener mode's energies and kept fast
-        gradients)."""
-        kept = [t for step in self.fast.values() for t in step.values()] + [*self.energy.values(), *self.gap.values(),
-                                                                            *self.bias.values()]
-        return sum(t.numel() * t.element_size() for t in [*self.average.values(), *kept]) + sum(
-            u.numel() * u.element_size() + v.numel() * v.element_size() for u, v in self.basis.values())
+        """Bytes of the correction's own state (averages, bases, the wiener mode's energies, debias's averages
+        and corrections, and both modes' kept fast gradients)."""
+        kept = [t for step in self.fast.values() for t in step.values()]
+        kept += [*self.average.values(), *self.energy.values(), *self.gap.values(), *self.bias.values()]
+        kept += [t for pair in self.basis.values() for t in pair]
+        unique = {id(t): t for t in kept}  # a vector's correction is its average itself
+        return sum(t.numel() * t.element_size() for t in unique.values())
 
     @torch.no_grad()
     def stash_fast(self, step: int) -> None:
-        """``wiener``: keep the fast circuit's gradient of every matrix as it is now (call it after the backward of
-        a step an anchor was launched at, before :meth:`correct`), to pair it with that anchor's gradient."""
+        """``wiener`` and ``debias``: keep the fast circuit's gradient of every corrected parameter as it is now
+        (call it after the backward of a step an anchor was launched at, before :meth:`correct`), to pair it with
+        that anchor's gradient."""
         if self.config.mode not in ("wiener", "debias"):
             return
         self.fast[step] = {id(p): p.grad.detach().float().clone() for p in self.corrected if p.grad is not None}
