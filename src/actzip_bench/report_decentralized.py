@@ -373,7 +373,6 @@ def correction_reading(root: Path) -> str:
             f"{cite(*sources)}.")
 
 
-
 def link_probe(root: Path) -> str:
     """``bench link``'s record: each message size's measured time against the model's."""
     rec = json.loads((Path(root) / CPU_LINK).read_text())

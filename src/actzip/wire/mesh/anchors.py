@@ -4,9 +4,9 @@ handed to the spectral correction D steps later, and the fast circuit never wait
 
 Each stage keeps a copy of its module for the anchor passes, and a second :class:`~actzip.wire.Pipeline` over
 it: ``AnchorConfig.codec`` both ways, float32 by default (the anchors are what the masks would lose), on the
-mesh's anchor groups, so its messages never mix with the fast circuit's. One thread per stage runs the launched anchors in launch order;
-every stage launches at the same steps (``step % every == 0``), so the anchor pipeline's stages run the same
-passes in the same order.
+mesh's anchor groups, so its messages never mix with the fast circuit's. One thread per stage runs the launched
+anchors in launch order; every stage launches at the same steps (``step % every == 0``), so the anchor
+pipeline's stages run the same passes in the same order.
 
 A launch while ``max_pending`` anchors are queued or running is skipped and counted (``skipped``). A stage may
 then skip one that another stage of the replica takes; the anchor pipeline's sequence checks catch it, the

@@ -172,7 +172,7 @@ class TwoCircuit:
                 "dp_bytes": self.dp_bytes, "dp_seconds": self.dp_seconds, "losses": list(self.losses),
                 "step_walls": list(self.step_walls),
                 "anchors": self.anchors.counts() if self.anchors is not None else None,
-                # the anchor passes' own traffic (dense, over the anchor groups): it crosses the same links
+                # the anchor passes' own traffic (AnchorConfig.codec, over the anchor groups): the same links
                 "anchor_meter": self.anchors.pipe.meters()[0].as_dict() if self.anchors is not None else None,
                 "uncorrected_steps": self.correction.uncorrected_steps,
                 "spectral_state_bytes": self.correction.state_bytes()}
