@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import statistics
+import subprocess
 import sys
 import time
 
@@ -39,8 +40,6 @@ def transfer_times(link: LinkSpec, sizes=DEFAULT_SIZES, repeats: int = 7, idle_s
         raise ConfigError(f"transfer_times: sizes must be positive byte counts, got {sizes!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"transfer_times: repeats must be an int >= 1, got {repeats!r}")
-    import subprocess
-
     with NetnsLink(link) as net:
         me = [sys.executable, "-m", "actzip.wire.link_probe"]
         server = net.popen(1, [*me, "serve", net.addresses[1]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

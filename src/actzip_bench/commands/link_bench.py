@@ -18,13 +18,13 @@ def _bench_link(args: argparse.Namespace) -> int:
     from actzip.wire.link_probe import DEFAULT_SIZES, model_seconds, transfer_times
     from actzip_bench.harness import machine_record
 
-    why = netns_unavailable_reason(shaped=True)
-    if why is not None:
-        raise ConfigError(f"bench link needs a shaped link: {why}")
-    try:
+    try:  # the options first: a bad one is named wherever the command runs
         sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES
     except ValueError:
         raise ConfigError(f"--sizes takes comma-separated byte counts, got {args.sizes!r}") from None
+    why = netns_unavailable_reason(shaped=True)
+    if why is not None:
+        raise ConfigError(f"bench link needs a shaped link: {why}")
     link = LinkSpec(bandwidth_mbps=args.mbps)
     console = Console()
     console.print(f"timing {len(sizes)} message sizes x {args.repeats} over a {args.mbps:g} Mbit/s shaped link")
