@@ -57,11 +57,13 @@ def _smoothed(losses: list[float], window: int) -> list[float]:
 def _run_times(ranks: list[dict], cfg: DecentralizedBenchConfig, link: LinkSpec,
                with_dp: bool = True) -> list[float]:
     """Per step: the simulated step time of replica 0's pipeline on ``link``, with its data-parallel syncs
-    (``with_dp``) or without (the pipeline axis alone)."""
+    (``with_dp``: their wire time, and their host work as measured) or without (the pipeline axis alone)."""
     mine = [r for r in ranks if r["replica"] == 0]
     actions = [Action.from_tuple(a) for r in mine for a in r["actions"]]
-    sync = {(r["stage"], step): dp_sync_seconds(b, cfg.replicas, link) for r in mine
-            for step, b in enumerate(r["dp_bytes"])} if with_dp else None
+    # records made before the host work was measured have none: their syncs are wire time alone
+    sync = {(r["stage"], step): dp_sync_seconds(b, cfg.replicas, link) + host for r in mine
+            for step, (b, host) in enumerate(zip(r["dp_bytes"], r.get("dp_host_seconds") or
+                                                 [0.0] * len(r["dp_bytes"])))} if with_dp else None
     return simulate(actions, link, sync).step_times_s
 
 
@@ -98,6 +100,9 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
                                             if r["replica"] == 0 and r.get("anchor_meter")
                                             for c in ("fwd", "bwd")) / n,
                "wall_s": max(r["wall_s"] for r in ranks), "links": {}}
+        if cfg.keep_replay or cfg.shaped_link is not None:  # what _run_times replays, to replay it again later
+            row["replay"] = [{k: r.get(k) for k in ("stage", "replica", "actions", "dp_bytes", "dp_host_seconds")}
+                             for r in ranks if r["replica"] == 0]
         for bw, lat in cfg.links:
             spec = LinkSpec(bandwidth_mbps=bw, latency_ms=lat)
             times = _run_times(ranks, cfg, spec)

@@ -117,6 +117,9 @@ class DecentralizedBenchConfig:
     # rank on this host first, the other methods then on the shaped link; a run's values do not depend on its
     # link, only its times, and dense's measured time on the shaped link is then the model's (marked so)
     dense_off_link: bool = False
+    # keep replica 0's measured schedule in each row ("replay": its stages' actions, data-parallel bytes and
+    # host work), so the link model can replay the run again later; always kept on a shaped link
+    keep_replay: bool = False
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]

@@ -156,16 +156,20 @@ def dp_sync_seconds(payload: dict[str, int], replicas: int, link: LinkSpec) -> f
 
 
 def simulate(actions: list[Action], link: LinkSpec, sync_s: dict[tuple[int, int], float] | None = None) -> Timeline:
-    """Replay ``actions`` (each stage's in the order it ran them) over ``link`` at every boundary, each way;
-    ``sync_s[(stage, step)]`` is wire time a stage spends before its optimizer update of ``step`` (its
-    data-parallel sync, see :func:`dp_sync_seconds`)."""
+    """Replay ``actions`` (each stage's in the order it ran them) over ``link``: every stage has one uplink,
+    which carries what it sends either way in the order it sends it. ``sync_s[(stage, step)]`` is the time a
+    stage spends before its optimizer update of ``step`` (its data-parallel sync: wire time, see
+    :func:`dp_sync_seconds`, plus the host's own work); the sync's bytes go up the same uplink, after the
+    stage's messages already on it."""
     stages = sorted({a.stage for a in actions})
     queues = {s: deque(a for a in actions if a.stage == s) for s in stages}
     clock = {s: 0.0 for s in stages}
     busy = {s: 0.0 for s in stages}
-    links: dict[tuple, LinkModel] = {}
+    uplinks: dict[int, LinkModel] = {}
+    carried: dict[tuple, int] = {}
     arrivals: dict[tuple, float] = {}
     step_end: dict[int, float] = {}
+    lat = link.latency_ms / 1e3
     while any(queues.values()):
         progressed = False
         for s in stages:
@@ -173,12 +177,16 @@ def simulate(actions: list[Action], link: LinkSpec, sync_s: dict[tuple[int, int]
             while q and (q[0].recv is None or q[0].recv in arrivals):
                 a = q.popleft()
                 start = max(clock[s], arrivals.pop(a.recv) if a.recv is not None else 0.0)
-                clock[s] = start + a.compute_s + (sync_s.get((s, a.step), 0.0) if sync_s and a.kind == "O" else 0.0)
+                if a.kind == "O" and sync_s and (s, a.step) in sync_s:
+                    if s in uplinks:  # the uplink is free once its last message is through
+                        start = max(start, uplinks[s].last_arrival - lat)
+                    start += sync_s[(s, a.step)]
+                clock[s] = start + a.compute_s
                 busy[s] += a.compute_s
                 if a.send is not None:
                     key = (a.send[0], a.send[1])
-                    model = links.setdefault(key, LinkModel(link))
-                    arrivals[a.send] = model.transmit(a.send_bytes, clock[s])
+                    carried[key] = carried.get(key, 0) + a.send_bytes
+                    arrivals[a.send] = uplinks.setdefault(s, LinkModel(link)).transmit(a.send_bytes, clock[s])
                 if a.kind == "O":
                     step_end[a.step] = max(step_end.get(a.step, 0.0), clock[s])
                 progressed = True
@@ -186,7 +194,7 @@ def simulate(actions: list[Action], link: LinkSpec, sync_s: dict[tuple[int, int]
             waiting = {s: queues[s][0].recv for s in stages if queues[s]}
             raise WireError(f"simulate: the recorded schedule cannot proceed; stages wait for {waiting}")
     return Timeline([step_end[k] for k in sorted(step_end)], [busy[s] for s in stages],
-                    {f"b{b}.{c}": m.bytes for (b, c), m in sorted(links.items())})
+                    {f"b{b}.{c}": n for (b, c), n in sorted(carried.items())})
 
 
 # ---- the real link: network namespaces, a veth pair, netem --------------------------------------------------

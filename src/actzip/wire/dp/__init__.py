@@ -5,7 +5,8 @@ components (DeMo-style); every byte metered."""
 from actzip.wire.dp.cofactors import sync_factored_grads
 from actzip.wire.dp.demo import DeMo, dct_matrix
 from actzip.wire.dp.grad_sync import FlatBucket, GradSync
-from actzip.wire.dp.hooks import DP_METHODS, DPConfig, DPMeter, attach
+from actzip.wire.dp.hooks import DP_METHODS, DPConfig, attach
+from actzip.wire.dp.meter import DPMeter
 from actzip.wire.dp.outer import OuterConfig, OuterMeter, OuterSync
 
 __all__ = ["DP_METHODS", "DPConfig", "DPMeter", "DeMo", "FlatBucket", "GradSync", "OuterConfig", "OuterMeter", "OuterSync", "attach",

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from actzip.errors import ConfigError
-from actzip.wire.dp.hooks import DPMeter
+from actzip.wire.dp.meter import DPMeter
 
 __all__ = ["sync_factored_grads"]
 
@@ -37,7 +37,8 @@ def sync_factored_grads(model: nn.Module, process_group=None, meter: DPMeter | N
     for m in layers:
         left, right = m.weight.actzip_factors
         total = left.contiguous()
-        dist.all_reduce(total, group=group)
+        with meter.waiting():
+            dist.all_reduce(total, group=group)
         left = total.div_(world)
         m.weight.actzip_factors = (left, right)
         m.weight.grad.copy_((left @ right).to(m.weight.grad.dtype))
@@ -47,7 +48,8 @@ def sync_factored_grads(model: nn.Module, process_group=None, meter: DPMeter | N
     for p in model.parameters():
         if p.grad is None or id(p) in factored:
             continue
-        dist.all_reduce(p.grad, group=group)
+        with meter.waiting():
+            dist.all_reduce(p.grad, group=group)
         p.grad.div_(world)
         meter.add("all_reduce", p.grad.numel() * p.grad.element_size())
         meter.dense_bytes += p.grad.numel() * p.grad.element_size()

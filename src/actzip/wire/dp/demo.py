@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from actzip.errors import ConfigError
 from actzip.wire.dp.agree import check_same_config
-from actzip.wire.dp.hooks import DPMeter
+from actzip.wire.dp.meter import DPMeter
 
 __all__ = ["DeMo", "dct_matrix"]
 

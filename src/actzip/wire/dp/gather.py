@@ -5,6 +5,8 @@ take: quantization, masks with a fixed keep), so one all-gather of their bytes m
 tensors only: CUDA payloads (ranks sharing a GPU) are staged through the CPU.
 """
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -14,10 +16,10 @@ from actzip.core.payload import Payload
 __all__ = ["gathered_mean"]
 
 
-def gathered_mean(codec: Codec, payload: Payload, like: torch.Tensor, group) -> torch.Tensor:
+def gathered_mean(codec: Codec, payload: Payload, like: torch.Tensor, group, meter=None) -> torch.Tensor:
     """The float32 mean over ``group``'s replicas of what each one's ``payload`` decodes to (``like``: this
     replica's tensor, for its shape and device). The payload's buffers travel as one byte tensor, one
-    all-gather (one latency), as the link model counts it."""
+    all-gather (one latency), as the link model counts it; ``meter`` (a ``DPMeter``) times it."""
     world = dist.get_world_size(group)
     keys = sorted(payload.buffers)
     bufs = [payload.buffers[k].contiguous() for k in keys]
@@ -25,7 +27,8 @@ def gathered_mean(codec: Codec, payload: Payload, like: torch.Tensor, group) -> 
     stage = mine.is_cuda and dist.get_backend(group) == "gloo"
     mine = mine.cpu() if stage else mine
     parts = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(parts, mine, group=group)
+    with meter.waiting() if meter is not None else contextlib.nullcontext():
+        dist.all_gather(parts, mine, group=group)
     sizes = [b.numel() * b.element_size() for b in bufs]
     total = torch.zeros(like.shape, dtype=torch.float32, device=like.device)
     for part in parts:

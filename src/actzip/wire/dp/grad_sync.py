@@ -20,7 +20,8 @@ import torch.nn as nn
 
 from actzip.errors import ConfigError
 from actzip.wire.dp.agree import check_same_config
-from actzip.wire.dp.hooks import DPConfig, DPMeter, make_hook
+from actzip.wire.dp.hooks import DPConfig, make_hook
+from actzip.wire.dp.meter import DPMeter
 
 __all__ = ["FlatBucket", "GradSync"]
 
@@ -93,7 +94,9 @@ class GradSync:
     def sync(self) -> None:
         """Replace every ``.grad`` with the replicas' mean as the method delivers it."""
         bucket = FlatBucket(self.params, device=self.staging)
-        out = self.hook(self.state, bucket).wait()
+        fut = self.hook(self.state, bucket)  # quant and top-k time their own collectives inside
+        with self.meter.waiting():  # the all-reduce methods' collectives run until this wait ends (for PowerSGD
+            out = fut.wait()  # its compression's work between its two all-reduces too)
         if out.data_ptr() != bucket.buffer().data_ptr():
             bucket.buffer().copy_(out[:bucket.buffer().numel()])
         for p, g in zip(self.params, bucket.gradients()):

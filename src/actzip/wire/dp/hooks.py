@@ -29,7 +29,7 @@ bytes; a ring all-reduce moves about twice its payload per replica, an all-gathe
 
 import dataclasses
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,7 @@ from actzip.core.registry import get
 from actzip.errors import ConfigError
 from actzip.wire.dp.agree import check_same_config
 from actzip.wire.dp.gather import gathered_mean
+from actzip.wire.dp.meter import DPMeter
 
 __all__ = ["DP_METHODS", "DPConfig", "DPMeter", "attach", "make_hook"]
 
@@ -71,26 +72,6 @@ class DPConfig:
             if get(self.codec).lossless:
                 raise ConfigError(f"DPConfig.codec {self.codec!r} is lossless: its payload size depends on the "
                                   "data, which an all-gather cannot take; use method='allreduce'")
-
-
-@dataclass
-class DPMeter:
-    """What one replica contributed to its gradient collectives, against the buckets' own bytes."""
-
-    payload_bytes: int = 0  # bytes this replica put into collectives
-    dense_bytes: int = 0  # bytes of the buckets themselves (what a plain all-reduce would contribute)
-    buckets: int = 0  # bucket syncs
-    by_collective: dict[str, int] = field(default_factory=dict)  # payload bytes per collective kind
-    fallback_buckets: int = 0  # bucket syncs sent plain because the method could not take them
-
-    def add(self, collective: str, nbytes: int) -> None:
-        self.payload_bytes += nbytes
-        self.by_collective[collective] = self.by_collective.get(collective, 0) + nbytes
-
-    @property
-    def ratio(self) -> float:
-        """Dense bytes over payload bytes (the compression factor; 1 for a plain all-reduce)."""
-        return self.dense_bytes / self.payload_bytes if self.payload_bytes else 0.0
 
 
 class _TopKState:
@@ -192,8 +173,9 @@ def _topk_hook(state: _TopKState, bucket) -> torch.futures.Future[torch.Tensor]:
     meter.add("all_gather", k * (values.element_size() + 4))
     all_idx = [torch.empty(k, dtype=torch.int32, device=buf.device) for _ in range(world)]
     all_val = [torch.empty_like(values) for _ in range(world)]
-    dist.all_gather(all_idx, idx.to(torch.int32), group=group)
-    dist.all_gather(all_val, values, group=group)
+    with meter.waiting():
+        dist.all_gather(all_idx, idx.to(torch.int32), group=group)
+        dist.all_gather(all_val, values, group=group)
     buf.zero_()
     for i, v in zip(all_idx, all_val):
         buf.index_add_(0, i.long(), v)
@@ -216,7 +198,7 @@ def _quant_hook(state: _QuantState, bucket) -> torch.futures.Future[torch.Tensor
     for p, r in zip(params, left.split([g.numel() for g in bucket.gradients()])):
         state.residuals[id(p)] = r
     meter.add("all_gather", payload.nbytes)
-    buf.copy_(gathered_mean(state.codec, payload, buf, state.group))
+    buf.copy_(gathered_mean(state.codec, payload, buf, state.group, meter))
     fut = torch.futures.Future()
     fut.set_result(buf)
     return fut

@@ -29,7 +29,7 @@ from actzip.core.registry import get
 from actzip.errors import ConfigError
 from actzip.wire.dp.agree import check_same_config
 from actzip.wire.dp.gather import gathered_mean
-from actzip.wire.dp.hooks import DPMeter
+from actzip.wire.dp.meter import DPMeter
 
 __all__ = ["OuterConfig", "OuterMeter", "OuterSync"]
 
@@ -91,10 +91,16 @@ class OuterSync:
         self.meter = OuterMeter()
         self.inner_steps = 0
 
+    @property
+    def due(self) -> bool:
+        """The next :meth:`step` runs the outer step."""
+        return (self.inner_steps + 1) % self.config.local_steps == 0
+
     def step(self) -> bool:
         """Count one inner step; every ``local_steps``-th, run the outer step. True when it ran."""
+        due = self.due
         self.inner_steps += 1
-        if self.inner_steps % self.config.local_steps:
+        if not due:
             return False
         self.sync()
         return True
@@ -123,7 +129,8 @@ class OuterSync:
         codec = self.codecs[i]
         if codec is None:
             total = delta.cpu() if delta.is_cuda and dist.get_backend(self.group) == "gloo" else delta.clone()
-            dist.all_reduce(total, group=self.group)
+            with self.meter.waiting():
+                dist.all_reduce(total, group=self.group)
             total = total.to(delta.device)
             if self.residuals is not None:
                 self.residuals[i].zero_()
@@ -131,4 +138,4 @@ class OuterSync:
         payload = codec.encode(delta, name=self.params[i][0])
         if self.residuals is not None:
             self.residuals[i] = delta - codec.decode(payload).float()
-        return gathered_mean(codec, payload, delta, self.group), payload.nbytes
+        return gathered_mean(codec, payload, delta, self.group, self.meter), payload.nbytes

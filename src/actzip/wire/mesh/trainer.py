@@ -94,6 +94,9 @@ class TwoCircuit:
         self._anchored = False  # an anchor was launched at this step
         self.dp_bytes: list[dict[str, int]] = []  # per step: this rank's data-parallel payload per collective
         self.dp_seconds: list[float] = []  # per step: time spent in the data-parallel sync (measured)
+        # per step: the part of that time outside the collectives: the host's own work (the correction, encoding,
+        # decoding, staging copies), which the link model adds to its wire time
+        self.dp_host_seconds: list[float] = []
         self.step_walls: list[tuple[float, float]] = []  # per step: time.monotonic() at its start and end
         # a software link latency (tbf-shaped namespaces): the pipeline's sends are held that long by its backend,
         # the data-parallel collectives hold as many one-way latencies as their hops (see dp_sync_seconds)
@@ -117,16 +120,29 @@ class TwoCircuit:
             return self.outer.meter
         return self.factored_meter
 
+    def _hold_first_hop(self) -> float:
+        """On a software-latency link, hold a sync's first one-way latency before its collectives start, as the
+        pipeline's delay line holds a message before it enters the shaped uplink: a real link sends the
+        stage's last messages first and the sync's bytes after them, not the other way round. The seconds held."""
+        hold = self._dp_latency.latency_ms / 1e3
+        if hold > 0:
+            time.sleep(hold)
+        return hold
+
     def _before_update(self, worker) -> None:
+        t0 = time.perf_counter()
         if self._anchored:  # this step's own gradient, to pair with its anchor's (the wiener correction)
             self.correction.stash_fast(self.step)
         self.correction.correct()
-        t0 = time.perf_counter()
+        held = 0.0
         if self.grad_sync is not None:
+            held = self._hold_first_hop()
             self.grad_sync.sync()
         elif self.factored_meter is not None:
+            held = self._hold_first_hop()
             sync_factored_grads(self.module, self.mesh.dp_group, self.factored_meter)
         self._dp_time = time.perf_counter() - t0
+        self._held = held
 
     def train_step(self, x, y, ids=None) -> float | None:
         """One step of both circuits on inputs ``x`` and targets ``y`` (``ids``: sample ids, for a per-sample
@@ -134,7 +150,8 @@ class TwoCircuit:
         start = time.monotonic()
         meter = self._meter()
         before = dict(meter.by_collective) if meter is not None else {}
-        self._dp_time = 0.0
+        waited = meter.wait_s if meter is not None else 0.0
+        self._dp_time = self._held = 0.0
         self._anchored = False
         if self.anchors is not None:
             self._anchored = self.anchors.maybe_launch(self.step, x, y)
@@ -143,12 +160,17 @@ class TwoCircuit:
         synced = False
         if self.outer is not None:
             t0 = time.perf_counter()
+            if self.outer.due:
+                self._held += self._hold_first_hop()
             synced = self.outer.step()
             self._dp_time += time.perf_counter() - t0
         now = dict(meter.by_collective) if meter is not None else {}
         self.dp_bytes.append({k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)})
-        if self._dp_latency.latency_ms > 0:
-            hold = dp_sync_seconds(self.dp_bytes[-1], self.mesh.replicas, self._dp_latency)
+        self.dp_host_seconds.append(max(0.0, self._dp_time - self._held
+                                        - ((meter.wait_s - waited) if meter is not None else 0.0)))
+        if self._dp_latency.latency_ms > 0 and self.dp_bytes[-1]:
+            # the collectives' other one-way latencies (their hops), after them
+            hold = max(0.0, dp_sync_seconds(self.dp_bytes[-1], self.mesh.replicas, self._dp_latency) - self._held)
             time.sleep(hold)
             self._dp_time += hold
         self.dp_seconds.append(self._dp_time)
@@ -169,7 +191,8 @@ class TwoCircuit:
         losses (last stage) and anchor counts."""
         return {"rank": self.mesh.rank, "stage": self.mesh.stage, "replica": self.mesh.replica,
                 "actions": [a.as_tuple() for a in self.pipe.actions], "pp_meter": self.pipe.meters()[0].as_dict(),
-                "dp_bytes": self.dp_bytes, "dp_seconds": self.dp_seconds, "losses": list(self.losses),
+                "dp_bytes": self.dp_bytes, "dp_seconds": self.dp_seconds, "dp_host_seconds": self.dp_host_seconds,
+                "losses": list(self.losses),
                 "step_walls": list(self.step_walls),
                 "anchors": self.anchors.counts() if self.anchors is not None else None,
                 # the anchor passes' own traffic (AnchorConfig.codec, over the anchor groups): the same links
