@@ -35,7 +35,8 @@ from actzip_bench.harness import machine_record
 from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
 
-__all__ = ["DecentralizedRunError", "merge_records", "pretrain", "run_decentralized", "summarize", "with_speed"]
+__all__ = ["DecentralizedRunError", "merge_records", "pretrain", "replay_times", "run_decentralized", "summarize",
+           "with_speed"]
 
 
 def pretrain(cfg: DecentralizedBenchConfig, seed: int, corpus, device: torch.device | None = None) -> list[dict]:
@@ -54,8 +55,8 @@ def _smoothed(losses: list[float], window: int) -> list[float]:
     return [statistics.fmean(losses[max(0, i + 1 - window): i + 1]) for i in range(len(losses))]
 
 
-def _run_times(ranks: list[dict], cfg: DecentralizedBenchConfig, link: LinkSpec,
-               with_dp: bool = True) -> list[float]:
+def replay_times(ranks: list[dict], cfg: DecentralizedBenchConfig, link: LinkSpec,
+                 with_dp: bool = True) -> list[float]:
     """Per step: the simulated step time of replica 0's pipeline on ``link``, with its data-parallel syncs
     (``with_dp``: their wire time, and their host work as measured) or without (the pipeline axis alone)."""
     mine = [r for r in ranks if r["replica"] == 0]
@@ -105,8 +106,8 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
                              for r in ranks if r["replica"] == 0]
         for bw, lat in cfg.links:
             spec = LinkSpec(bandwidth_mbps=bw, latency_ms=lat)
-            times = _run_times(ranks, cfg, spec)
-            pp = _run_times(ranks, cfg, spec, with_dp=False)
+            times = replay_times(ranks, cfg, spec)
+            pp = replay_times(ranks, cfg, spec, with_dp=False)
             row["links"][f"{bw:g}mbps-{lat:g}ms"] = {"step_s": statistics.median(times[1:] or times),
                                                      "pp_step_s": statistics.median(pp[1:] or pp),
                                                      "cumulative_s": list(_cumsum(times))}

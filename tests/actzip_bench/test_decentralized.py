@@ -9,7 +9,7 @@ import pytest
 from actzip.errors import ConfigError
 from actzip.errors import ActzipError
 from actzip.wire import netns_unavailable_reason
-from actzip_bench.decentralized import failure_lines, merge_records, run_decentralized, with_speed
+from actzip_bench.decentralized import failure_lines, merge_records, replay_times, run_decentralized, with_speed
 from actzip_bench.decentralized_config import METHODS, DecentralizedBenchConfig, method_boundary
 
 ROW_FIELDS = {"method", "pp_bytes_per_step", "dp_bytes_per_step", "final_loss", "tokens", "time_to_target_s"}
@@ -20,7 +20,7 @@ def record():
     cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), n_embd=32, block_size=16, steps=6,
                               pretrain_steps=2, tasks=("domain",), corpus_bytes=40_000, dataset_windows=32,
                               methods=("dense", "bf16", "mask+diloco", "two-circuit", "pca"), anchor_every=2,
-                              anchor_delay=1, diloco_steps=3, eval_batches=1)
+                              anchor_delay=1, diloco_steps=3, eval_batches=1, keep_replay=True)
     return run_decentralized(cfg)
 
 
@@ -118,6 +118,19 @@ def test_step_times_of_a_run_alone_replace_the_shared_ones_and_the_times_to_targ
     fewer["aggregate"] = [a for a in fewer["aggregate"] if a["method"] != "pca"]
     with pytest.raises(ActzipError, match="no run of \\['pca'\\]"):
         with_speed(record, fewer)
+
+
+def test_a_kept_schedule_replays_to_the_rows_modelled_step_times(record):
+    from actzip.wire import LinkSpec
+
+    cfg = DecentralizedBenchConfig(**{k: tuple(tuple(x) for x in v) if k == "links" else
+                                      tuple(v) if isinstance(v, list) else v for k, v in record["config"].items()})
+    for row in record["rows"]:
+        assert {r["replica"] for r in row["replay"]} == {0} and len(row["replay"]) == cfg.stages
+        for (bw, lat), name in zip(cfg.links, cfg.link_names):
+            times = replay_times(row["replay"], cfg, LinkSpec(bandwidth_mbps=bw, latency_ms=lat))
+            assert row["links"][name]["cumulative_s"][-1] == pytest.approx(sum(times))
+        assert all(h >= 0 for r in row["replay"] for h in r["dp_host_seconds"])
 
 
 def test_link_times_and_ratios_are_reported_per_link(record):

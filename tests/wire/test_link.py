@@ -183,6 +183,34 @@ def test_simulate_adds_the_sync_time_before_each_update():
     assert synced.total_s == pytest.approx(plain.total_s + 0.5)
 
 
+def test_a_sync_goes_up_the_uplink_after_the_stages_messages_on_it():
+    # stage 1's backward message (1 MB at 8 Mbps: 1 s on its uplink, 0.25 s latency) is still going up when its
+    # sync starts: the sync's bytes follow it, from the moment it is through (its arrival less the latency)
+    acts = [Action(0, 0, "F", 0, 0.1, None, (0, "fwd", 0, 0), 100), Action(1, 0, "F", 0, 0.1, (0, "fwd", 0, 0)),
+            Action(1, 0, "B", 0, 0.1, None, (0, "bwd", 0, 0), 1_000_000), Action(1, 0, "O", -1, 0.0),
+            Action(0, 0, "B", 0, 0.1, (0, "bwd", 0, 0)), Action(0, 0, "O", -1, 0.0)]
+    link = LinkSpec(8.0, 250.0)
+    plain = simulate(acts, link)
+    synced = simulate(acts, link, sync_s={(1, 0): 0.5})
+    b1_end = 0.1 + (0.25 + 0.0001) + 0.1 + 0.1  # stage 1's backward ends; its message is through 1.25 s later
+    stage1 = max(b1_end, b1_end + 0.25 + 1.0 - 0.25) + 0.5
+    assert synced.step_end_s == [pytest.approx(max(stage1, plain.total_s))]
+    assert stage1 > plain.total_s  # not b1_end + 0.5, as if the uplink were free
+
+
+def test_a_middle_stage_sends_both_ways_up_one_uplink():
+    # stage 1 of three sends a forward and then a backward message, 1 MB each at 8 Mbps: the second waits for
+    # the first on the stage's one uplink
+    acts = [Action(0, 0, "F", 0, 0.0, None, (0, "fwd", 0, 0), 10), Action(0, 0, "B", 0, 0.0, (0, "bwd", 0, 0)),
+            Action(1, 0, "F", 0, 0.0, (0, "fwd", 0, 0), (1, "fwd", 0, 0), 1_000_000),
+            Action(1, 0, "B", 0, 0.0, None, (0, "bwd", 0, 0), 1_000_000),
+            Action(2, 0, "F", 0, 0.0, (1, "fwd", 0, 0))]
+    tl = simulate(acts, LinkSpec(8.0, 0.0))
+    assert tl.link_bytes == {"b0.bwd": 1_000_000, "b0.fwd": 10, "b1.fwd": 1_000_000}
+    assert tl.busy_s == [0.0, 0.0, 0.0]
+    assert simulate(acts + [Action(0, 0, "O", -1, 0.0)], LinkSpec(8.0, 0.0)).total_s == pytest.approx(2.0, abs=1e-3)
+
+
 _GATHER = textwrap.dedent("""
     import datetime, json, sys, time, torch, torch.distributed as dist
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))

@@ -40,6 +40,7 @@ def _train(mesh, rank, dp, steps, anchor=None, spectral=None, seed_by_rank=False
     tc.close()
     rec = tc.record()
     return {"fp": fingerprint(tc.params).tolist(), "dp_bytes": rec["dp_bytes"], "losses": rec["losses"],
+            "dp_seconds": rec["dp_seconds"], "dp_host_seconds": rec["dp_host_seconds"], "dp_wait_s": rec["dp_wait_s"],
             "anchors": rec["anchors"], "stage": mesh.stage, "replica": mesh.replica,
             "anchor_sent": None if rec["anchor_meter"] is None else
             sum(rec["anchor_meter"]["sent"][c]["total"] for c in ("fwd", "bwd"))}
@@ -87,6 +88,10 @@ def test_replicas_of_each_stage_end_equal_and_dp_bytes_are_metered(every_case, c
         assert all(sum(s.values()) > 0 for s in steps)
     last = [g for g in got if g["stage"] == 1]
     assert all(len(g["losses"]) == 6 for g in last)
+    for g in got:  # the sync's time: its host work apart from the time inside its collectives
+        assert len(g["dp_host_seconds"]) == 6 and all(0.0 <= h <= t for h, t in zip(g["dp_host_seconds"],
+                                                                                    g["dp_seconds"]))
+        assert 0.0 < g["dp_wait_s"] <= sum(g["dp_seconds"])
 
 
 def test_anchors_arrive_and_correct_the_fast_circuit(every_case):

@@ -192,6 +192,8 @@ class TwoCircuit:
         return {"rank": self.mesh.rank, "stage": self.mesh.stage, "replica": self.mesh.replica,
                 "actions": [a.as_tuple() for a in self.pipe.actions], "pp_meter": self.pipe.meters()[0].as_dict(),
                 "dp_bytes": self.dp_bytes, "dp_seconds": self.dp_seconds, "dp_host_seconds": self.dp_host_seconds,
+                # seconds inside the data-parallel collectives in all (the meter's wait_s)
+                "dp_wait_s": self._meter().wait_s if self._meter() is not None else 0.0,
                 "losses": list(self.losses),
                 "step_walls": list(self.step_walls),
                 "anchors": self.anchors.counts() if self.anchors is not None else None,
