@@ -26,7 +26,7 @@ import torch
 
 from actzip.errors import ActzipError
 from actzip.kernels.runtime import record_fallback
-from actzip.wire import Action, LinkSpec, Pipeline, PipelineConfig, dp_sync_seconds, simulate
+from actzip.wire import Action, LinkSpec, Pipeline, PipelineConfig, dp_sync, simulate
 from actzip.wire.link import shaping_qdisc
 from actzip_bench.data.domains import domain_corpora
 from actzip_bench.decentralized_config import TRIVIAL, DecentralizedBenchConfig
@@ -62,7 +62,7 @@ def replay_times(ranks: list[dict], cfg: DecentralizedBenchConfig, link: LinkSpe
     mine = [r for r in ranks if r["replica"] == 0]
     actions = [Action.from_tuple(a) for r in mine for a in r["actions"]]
     # records made before the host work was measured have none: their syncs are wire time alone
-    sync = {(r["stage"], step): dp_sync_seconds(b, cfg.replicas, link) + host for r in mine
+    sync = {(r["stage"], step): dp_sync(b, cfg.replicas, host) for r in mine
             for step, (b, host) in enumerate(zip(r["dp_bytes"], r.get("dp_host_seconds") or
                                                  [0.0] * len(r["dp_bytes"])))} if with_dp else None
     return simulate(actions, link, sync).step_times_s

@@ -15,7 +15,6 @@ from actzip.wire.link import (
     NetnsLink,
     NetnsMesh,
     netns_unavailable_reason,
-    simulate,
 )
 from actzip.wire.transport import WireError
 
@@ -41,51 +40,6 @@ def test_infinite_link_and_bad_specs():
     for bad in ({"bandwidth_mbps": 0}, {"bandwidth_mbps": -1.0}, {"latency_ms": -1}, {"bandwidth_mbps": True}):
         with pytest.raises(ConfigError):
             LinkSpec(**bad)
-
-
-def _two_stage_step(fwd_bytes, bwd_bytes, f=1.0, b=2.0, o=0.5):
-    """One GPipe step, one microbatch: F0 -> F1 (loss) -> B1 -> B0, then both optimizers."""
-    return [
-        Action(0, 0, "F", 0, f, None, (0, "fwd", 0, 0), fwd_bytes),
-        Action(0, 0, "B", 0, b, (0, "bwd", 0, 0), None, 0),
-        Action(0, 0, "O", -1, o),
-        Action(1, 0, "F", 0, f, (0, "fwd", 0, 0), None, 0),
-        Action(1, 0, "B", 0, b, None, (0, "bwd", 0, 0), bwd_bytes),
-        Action(1, 0, "O", -1, o),
-    ]
-
-
-def test_simulate_by_hand():
-    acts = _two_stage_step(1_000_000, 500_000)
-    # 8 Mbps: 1 MB takes 1 s, 0.5 MB 0.5 s; latency 0.25 s each way.
-    tl = simulate(acts, LinkSpec(8.0, 250.0))
-    # stage 0: F ends 1.0; fwd arrives 1.0 + 0.25 + 1.0 = 2.25; stage 1: F ends 3.25, B ends 5.25;
-    # bwd arrives 5.25 + 0.25 + 0.5 = 6.0; stage 0: B ends 8.0, O ends 8.5; stage 1: O ends 5.75.
-    assert tl.step_end_s == [pytest.approx(8.5)]
-    assert tl.busy_s == [pytest.approx(3.5), pytest.approx(3.5)]
-    assert tl.link_bytes == {"b0.bwd": 500_000, "b0.fwd": 1_000_000}
-    assert simulate(acts, LinkSpec()).total_s == pytest.approx(1 + 1 + 2 + 2 + 0.5)
-
-
-def test_simulate_overlaps_communication_with_compute():
-    # Two microbatches: the second forward runs while the first's activation is on the wire.
-    acts = [
-        Action(0, 0, "F", 0, 1.0, None, (0, "fwd", 0, 0), 1_000_000),
-        Action(0, 0, "F", 1, 1.0, None, (0, "fwd", 0, 1), 1_000_000),
-        Action(0, 0, "O", -1, 0.0),
-        Action(1, 0, "F", 0, 1.0, (0, "fwd", 0, 0)),
-        Action(1, 0, "F", 1, 1.0, (0, "fwd", 0, 1)),
-        Action(1, 0, "O", -1, 0.0),
-    ]
-    tl = simulate(acts, LinkSpec(8.0, 0.0))
-    # arrivals 2.0 and max(2.0, 2.0) + 1.0 = 3.0; stage 1 ends at 4.0, not 5.0 (no overlap) or 6.0.
-    assert tl.total_s == pytest.approx(4.0)
-
-
-def test_simulate_refuses_an_impossible_trace():
-    acts = [Action(0, 0, "F", 0, 1.0, (0, "bwd", 0, 0)), Action(1, 0, "F", 0, 1.0, (0, "fwd", 0, 0))]
-    with pytest.raises(WireError, match="cannot proceed"):
-        simulate(acts, LinkSpec())
 
 
 def test_action_round_trips_as_a_tuple():
@@ -162,53 +116,6 @@ def test_unavailable_reason_is_a_sentence_or_none():
     if netns_unavailable_reason(True) is not None:
         with pytest.raises(WireError, match="cannot run here"):
             NetnsLink(LinkSpec(80.0, 50.0))
-
-
-def test_dp_sync_seconds_counts_ring_and_gather_traffic():
-    from actzip.wire import dp_sync_seconds
-
-    link = LinkSpec(bandwidth_mbps=8.0, latency_ms=10.0)  # 1 MB/s
-    assert dp_sync_seconds({"all_reduce": 1_000_000}, 1, link) == 0.0
-    # ring all-reduce of 1 MB over 2 replicas: 1 MB on the wire, two hops
-    assert dp_sync_seconds({"all_reduce": 1_000_000}, 2, link) == pytest.approx(1.0 + 0.02)
-    assert dp_sync_seconds({"all_gather": 500_000}, 3, link) == pytest.approx(1.0 + 0.02)
-
-
-def test_simulate_adds_the_sync_time_before_each_update():
-    acts = [Action(0, 0, "F", 0, 0.1, None, (0, "fwd", 0, 0), 100), Action(1, 0, "F", 0, 0.1, (0, "fwd", 0, 0)),
-            Action(1, 0, "B", 0, 0.1, None, (0, "bwd", 0, 0), 100), Action(1, 0, "O", -1, 0.0),
-            Action(0, 0, "B", 0, 0.1, (0, "bwd", 0, 0)), Action(0, 0, "O", -1, 0.0)]
-    plain = simulate(acts, LinkSpec())
-    synced = simulate(acts, LinkSpec(), sync_s={(0, 0): 0.5})
-    assert synced.total_s == pytest.approx(plain.total_s + 0.5)
-
-
-def test_a_sync_goes_up_the_uplink_after_the_stages_messages_on_it():
-    # stage 1's backward message (1 MB at 8 Mbps: 1 s on its uplink, 0.25 s latency) is still going up when its
-    # sync starts: the sync's bytes follow it, from the moment it is through (its arrival less the latency)
-    acts = [Action(0, 0, "F", 0, 0.1, None, (0, "fwd", 0, 0), 100), Action(1, 0, "F", 0, 0.1, (0, "fwd", 0, 0)),
-            Action(1, 0, "B", 0, 0.1, None, (0, "bwd", 0, 0), 1_000_000), Action(1, 0, "O", -1, 0.0),
-            Action(0, 0, "B", 0, 0.1, (0, "bwd", 0, 0)), Action(0, 0, "O", -1, 0.0)]
-    link = LinkSpec(8.0, 250.0)
-    plain = simulate(acts, link)
-    synced = simulate(acts, link, sync_s={(1, 0): 0.5})
-    b1_end = 0.1 + (0.25 + 0.0001) + 0.1 + 0.1  # stage 1's backward ends; its message is through 1.25 s later
-    stage1 = max(b1_end, b1_end + 0.25 + 1.0 - 0.25) + 0.5
-    assert synced.step_end_s == [pytest.approx(max(stage1, plain.total_s))]
-    assert stage1 > plain.total_s  # not b1_end + 0.5, as if the uplink were free
-
-
-def test_a_middle_stage_sends_both_ways_up_one_uplink():
-    # stage 1 of three sends a forward and then a backward message, 1 MB each at 8 Mbps: the second waits for
-    # the first on the stage's one uplink
-    acts = [Action(0, 0, "F", 0, 0.0, None, (0, "fwd", 0, 0), 10), Action(0, 0, "B", 0, 0.0, (0, "bwd", 0, 0)),
-            Action(1, 0, "F", 0, 0.0, (0, "fwd", 0, 0), (1, "fwd", 0, 0), 1_000_000),
-            Action(1, 0, "B", 0, 0.0, None, (0, "bwd", 0, 0), 1_000_000),
-            Action(2, 0, "F", 0, 0.0, (1, "fwd", 0, 0))]
-    tl = simulate(acts, LinkSpec(8.0, 0.0))
-    assert tl.link_bytes == {"b0.bwd": 1_000_000, "b0.fwd": 10, "b1.fwd": 1_000_000}
-    assert tl.busy_s == [0.0, 0.0, 0.0]
-    assert simulate(acts + [Action(0, 0, "O", -1, 0.0)], LinkSpec(8.0, 0.0)).total_s == pytest.approx(2.0, abs=1e-3)
 
 
 _GATHER = textwrap.dedent("""

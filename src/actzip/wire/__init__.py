@@ -60,9 +60,7 @@ from actzip.wire.link import (
     NetnsLink,
     NetnsMesh,
     Timeline,
-    dp_sync_seconds,
     netns_unavailable_reason,
-    simulate,
 )
 from actzip.wire.pipeline import (
     Pipeline,
@@ -74,6 +72,7 @@ from actzip.wire.pipeline import (
     run_stage,
     schedule_actions,
 )
+from actzip.wire.replay import Sync, dp_sync, dp_sync_seconds, simulate
 from actzip.wire.stages import Stage, WireMeter, exchange_backward, message_nbytes, run_chain
 from actzip.wire.transport import (
     ByteMeter,
@@ -98,9 +97,10 @@ __all__ = [
     "BOUNDARIES", "Action", "BottleneckConfig", "BoundaryCodec", "BoundaryConfig", "BoundaryReceiver",
     "BoundarySender", "ByteMeter", "CodecSpec", "DeltaCodec", "DenseConfig", "DistBackend", "LinkModel", "LinkSpec",
     "LoopbackHub", "Message", "NetnsLink", "NetnsMesh", "Pipeline", "PipelineConfig", "SimulatedPipeline", "Stage",
-    "StageWorker", "StiefelConfig", "SubspaceConfig", "Timeline", "Transport", "WireCodec",
+    "StageWorker", "StiefelConfig", "SubspaceConfig", "Sync", "Timeline", "Transport", "WireCodec",
     "WireConfigMismatchError", "WireDesyncError", "WireError", "WireMeter", "WirePeerError", "WireTimeoutError",
-    "boundary_config", "code_width", "codebook_desyncs", "confine_to_subspace", "dp_sync_seconds", "exchange_backward",
+    "boundary_config", "code_width", "codebook_desyncs", "confine_to_subspace", "dp_sync", "dp_sync_seconds",
+    "exchange_backward",
     "make_boundary", "message_nbytes", "netns_unavailable_reason", "parse_boundary", "parse_codec",
     "pipelining_stage", "run_chain", "run_stage", "schedule_actions", "simulate",
 ]

@@ -10,11 +10,8 @@ message can start on the wire while the previous one is still in flight, as a TC
 ``serialize_latency=True`` it is ``max(previous arrival, t) + 8 b / bandwidth + latency`` instead: no two
 messages in flight, a stop-and-wait link; the pessimistic bound.
 
-:func:`simulate` replays a recorded pipeline schedule (one :class:`Action` per forward, backward and
-optimizer step of each stage, with its measured compute time and the message it waits for and sends) over
-such links, every boundary with its own link each way: an action starts when its stage is free and its input
-has arrived, and its message leaves when it ends. Compute is what was measured; only the wire is modelled, so
-step times are honest about what overlaps with what. The same trace replays at any bandwidth.
+:func:`actzip.wire.replay.simulate` replays a recorded schedule (:class:`Action` per forward, backward and
+optimizer step) over such links.
 
 **Real link.** :class:`NetnsLink` puts two processes in two network namespaces joined by a veth pair whose
 egress is shaped by ``tc netem rate ... delay ...`` each way, so they talk TCP through a real slow link, and
@@ -35,14 +32,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-from collections import deque
 from dataclasses import dataclass, field
 
 from actzip.errors import ConfigError
 from actzip.wire.transport import WireError
 
-__all__ = ["Action", "LinkModel", "LinkSpec", "NetnsLink", "NetnsMesh", "Timeline", "dp_sync_seconds", "netns_unavailable_reason",
-           "shaping_qdisc", "simulate"]
+__all__ = ["Action", "LinkModel", "LinkSpec", "NetnsLink", "NetnsMesh", "Timeline", "netns_unavailable_reason",
+           "shaping_qdisc"]
 
 
 @dataclass(frozen=True)
@@ -136,65 +132,6 @@ class Timeline:
     def median_step_s(self) -> float:
         t = self.step_times_s
         return statistics.median(t[1:] if len(t) > 2 else t) if t else 0.0
-
-
-def dp_sync_seconds(payload: dict[str, int], replicas: int, link: LinkSpec) -> float:
-    """Wire time of one data-parallel sync over ``replicas`` joined by ``link``: ``payload`` is one replica's
-    bytes per collective (a :class:`~actzip.wire.dp.DPMeter`'s ``by_collective``). A ring all-reduce sends
-    ``2 (R - 1) / R`` times its payload in ``2 (R - 1)`` hops, an all-gather ``R - 1`` times it in ``R - 1``."""
-    if replicas < 2:
-        return 0.0
-    r, lat, total = replicas, link.latency_ms / 1e3, 0.0
-    for collective, nbytes in payload.items():
-        if not nbytes:
-            continue
-        if collective == "all_reduce":
-            total += link.seconds(2 * (r - 1) * nbytes / r) + 2 * (r - 1) * lat
-        else:  # all_gather and broadcasts: each replica's part travels to every other
-            total += link.seconds((r - 1) * nbytes) + (r - 1) * lat
-    return total
-
-
-def simulate(actions: list[Action], link: LinkSpec, sync_s: dict[tuple[int, int], float] | None = None) -> Timeline:
-    """Replay ``actions`` (each stage's in the order it ran them) over ``link``: every stage has one uplink,
-    which carries what it sends either way in the order it sends it. ``sync_s[(stage, step)]`` is the time a
-    stage spends before its optimizer update of ``step`` (its data-parallel sync: wire time, see
-    :func:`dp_sync_seconds`, plus the host's own work); the sync's bytes go up the same uplink, after the
-    stage's messages already on it."""
-    stages = sorted({a.stage for a in actions})
-    queues = {s: deque(a for a in actions if a.stage == s) for s in stages}
-    clock = {s: 0.0 for s in stages}
-    busy = {s: 0.0 for s in stages}
-    uplinks: dict[int, LinkModel] = {}
-    carried: dict[tuple, int] = {}
-    arrivals: dict[tuple, float] = {}
-    step_end: dict[int, float] = {}
-    lat = link.latency_ms / 1e3
-    while any(queues.values()):
-        progressed = False
-        for s in stages:
-            q = queues[s]
-            while q and (q[0].recv is None or q[0].recv in arrivals):
-                a = q.popleft()
-                start = max(clock[s], arrivals.pop(a.recv) if a.recv is not None else 0.0)
-                if a.kind == "O" and sync_s and (s, a.step) in sync_s:
-                    if s in uplinks:  # the uplink is free once its last message is through
-                        start = max(start, uplinks[s].last_arrival - lat)
-                    start += sync_s[(s, a.step)]
-                clock[s] = start + a.compute_s
-                busy[s] += a.compute_s
-                if a.send is not None:
-                    key = (a.send[0], a.send[1])
-                    carried[key] = carried.get(key, 0) + a.send_bytes
-                    arrivals[a.send] = uplinks.setdefault(s, LinkModel(link)).transmit(a.send_bytes, clock[s])
-                if a.kind == "O":
-                    step_end[a.step] = max(step_end.get(a.step, 0.0), clock[s])
-                progressed = True
-        if not progressed:
-            waiting = {s: queues[s][0].recv for s in stages if queues[s]}
-            raise WireError(f"simulate: the recorded schedule cannot proceed; stages wait for {waiting}")
-    return Timeline([step_end[k] for k in sorted(step_end)], [busy[s] for s in stages],
-                    {f"b{b}.{c}": n for (b, c), n in sorted(carried.items())})
 
 
 # ---- the real link: network namespaces, a veth pair, netem --------------------------------------------------

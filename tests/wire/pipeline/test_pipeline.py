@@ -10,7 +10,8 @@ from gloo_ranks import run_ranks
 from torch import nn
 
 from actzip.errors import ConfigError
-from actzip.wire.link import LinkSpec, simulate
+from actzip.wire.link import LinkSpec
+from actzip.wire.replay import simulate
 from actzip.wire.pipeline import Pipeline, PipelineConfig, schedule_actions
 from actzip.wire.transport import HEADER_BYTES
 from actzip_bench.models import GPT, GPTConfig

@@ -22,7 +22,8 @@ from actzip.errors import ConfigError
 from actzip.wire.anchor import AnchorConfig, SpectralConfig, SpectralCorrection
 from actzip.wire.dp import DPConfig, DPMeter, GradSync, OuterConfig, OuterSync, sync_factored_grads
 from actzip.wire.dp.agree import check_same_config
-from actzip.wire.link import Action, LinkSpec, dp_sync_seconds
+from actzip.wire.link import Action, LinkSpec
+from actzip.wire.replay import dp_sync_seconds
 from actzip.wire.mesh.anchors import PipelineAnchors
 from actzip.wire.mesh.fingerprint import check_replicas_agree
 from actzip.wire.mesh.groups import Mesh
