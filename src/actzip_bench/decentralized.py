@@ -7,8 +7,8 @@ code without its prose); then each task trains every method from those weights f
 each on its own batches: ``domain`` on the prose (comments and docstrings, another domain), ``continual`` on
 ``code_late`` (code of other modules). Each rank records its actions (measured compute), boundary bytes and
 per-step data-parallel payload; a step's time on a link is the recorded schedule replayed by
-:func:`actzip.wire.simulate` with every stage's data-parallel sync (:func:`actzip.wire.dp_sync_seconds`) before
-its update. Final loss: the replicas' mean training loss over the last ``smooth`` of the steps; time to target:
+:func:`actzip.wire.simulate` with every stage's data-parallel sync (:func:`actzip.wire.dp_sync`: its bytes and
+hops, and its host work as measured) before its update. Final loss: the replicas' mean training loss over the last ``smooth`` of the steps; time to target:
 the simulated time at which a method's smoothed loss first reaches dense's final loss (same seed and task).
 """
 
@@ -93,6 +93,9 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
                # collectives' waits and transfers): the median over the steps
                "dp_sync_s": statistics.median(max(v) for v in zip(*(r["dp_seconds"] for r in ranks
                                                                      if r["replica"] == 0))),
+               # the part of it outside the collectives: the host's own work, measured the same way
+               "dp_host_s": statistics.median(max(v) for v in zip(*(r.get("dp_host_seconds") or [0.0] * n
+                                                                     for r in ranks if r["replica"] == 0))),
                "steps_run": n,
                "tokens": tokens_per_step * cfg.steps, "losses": mean_loss,
                "anchors": {k: sum(a[k] for a in anchors) for k in anchors[0]} if anchors else None,

@@ -231,8 +231,9 @@ def shaped_calibration(root: Path, rels: tuple[str, ...] = CPU_SHAPED, summarize
     head = ["method", "link", "measured step ms", "model step ms", "model vs measured"]
     # records that keep each step's measured data-parallel sync: it beside the part of the model's step it adds
     syncs = all("dp_sync_s" in r for rec in recs for r in rec["rows"])
+    hosts = syncs and all("dp_host_s" in r for rec in recs for r in rec["rows"])
     if syncs:
-        head += ["sync measured ms", "sync in the model ms"]
+        head += ["sync measured ms", "sync in the model ms"] + (["of it host work ms"] if hosts else [])
     for t in tasks:
         head += [f"{t}: time to dense's loss, measured (model)", "best trivial wire's time / this one's, measured"]
     out = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
@@ -253,6 +254,8 @@ def shaped_calibration(root: Path, rels: tuple[str, ...] = CPU_SHAPED, summarize
                 rows = [r for r in rec["rows"] if r["method"] == method]
                 sync_model = sum(r["links"][model]["step_s"] - r["links"][model]["pp_step_s"] for r in rows) / len(rows)
                 cells += [f"{1e3 * sum(r['dp_sync_s'] for r in rows) / len(rows):.1f}", f"{1e3 * sync_model:.1f}"]
+                if hosts:  # measured, and the same in the model
+                    cells.append(f"{1e3 * sum(r['dp_host_s'] for r in rows) / len(rows):.1f}")
             for a in aggs:
                 got, want = a["links"][shaped]["time_to_target_s"], a["links"][model]["time_to_target_s"]
                 ratio = a["links"][shaped].get("ttt_vs_best_trivial")
