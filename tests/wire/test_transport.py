@@ -290,6 +290,69 @@ def test_gloo_dead_peer_is_an_error_at_once():
     assert r1[0] == "exited" and r1[1] == 3
 
 
+def _ahead(rank, world):
+    from actzip.wire.transport import DistBackend, Transport
+
+    t = Transport(DistBackend(), rank, timeout_s=10)
+    t.handshake(1 - rank, {})
+    xs = [torch.arange(n, dtype=torch.float32) for n in (3, 5000, 7)]
+    if rank == 0:
+        t0, sent = time.monotonic(), []
+        for x in xs[:2]:
+            t.send(1, {"x": x}, channel="fwd")
+            t.flush()  # over gloo a send completes once the receiver has posted its receive
+            sent.append(time.monotonic() - t0)
+        t.send(1, {"x": xs[2]}, channel="fwd")
+        t.abort([1], "boom")
+        return {"sent_s": sent, "meter": t.meter.as_dict()}
+    t.expect(0, 4)  # two messages, then the third, then what turns out to be an abort
+    time.sleep(1.5)  # computing: the first message is received meanwhile
+    t0 = time.monotonic()
+    got = [t.recv(0, channel="fwd").items["x"] for _ in range(3)]
+    first = time.monotonic() - t0
+    try:
+        t.recv(0, channel="fwd")
+        error = None
+    except Exception as e:  # noqa: BLE001 - the test looks at the type and message
+        error = (type(e).__name__, str(e))
+    return {"ok": all(torch.equal(g, x) for g, x in zip(got, xs)), "recv_s": first, "error": error,
+            "meter": t.meter.as_dict()}
+
+
+def test_gloo_messages_are_received_ahead_in_order_and_an_abort_still_arrives():
+    r0, r1 = run_ranks(_ahead, 2)
+    assert r0[0] == "ok" and r1[0] == "ok", (r0, r1)
+    assert r1[1]["ok"]
+    # the receiver posted its receive before it asked for the message: the sender's first send completed during
+    # the receiver's 1.5 s of compute; the second only once the first was taken (one ahead at a time)
+    first, second = r0[1]["sent_s"]
+    assert first < 1.0 < second and r1[1]["recv_s"] < 1.0
+    assert r1[1]["error"][0] == "WirePeerError" and "boom" in r1[1]["error"][1]
+    for ch in ("fwd", "control"):  # received ahead or not, the meters agree
+        assert r0[1]["meter"]["sent"][ch] == r1[1]["meter"]["received"][ch]
+
+
+def test_a_prefetch_hands_over_its_value_its_error_or_a_timeout():
+    from actzip.wire.prefetch import Prefetch
+
+    assert Prefetch(lambda: 42, "t").result(5.0, "the answer") == 42
+
+    def fail():
+        raise WirePeerError("rank 3 went away")
+
+    with pytest.raises(WirePeerError, match="went away"):
+        Prefetch(fail, "t").result(5.0, "a message")
+    with pytest.raises(WireTimeoutError, match="a slow message did not arrive within 0.1 s"):
+        Prefetch(lambda: time.sleep(1.0), "t").result(0.1, "a slow message")
+
+
+def test_a_loopback_transport_does_not_receive_ahead():
+    hub, a, b = shake()
+    b.expect(0, 3)  # one process: a receive cannot wait, so nothing is posted ahead
+    a.send(1, {"x": torch.ones(2)}, channel="fwd")
+    assert torch.equal(b.recv(0, channel="fwd").items["x"], torch.ones(2))
+
+
 def test_error_types_are_actzip_errors():
     for cls in (WireConfigMismatchError, WireDesyncError, WirePeerError, WireTimeoutError):
         assert issubclass(cls, actzip.ActzipError)

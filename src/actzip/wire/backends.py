@@ -58,6 +58,9 @@ class DistBackend:
         if not delay >= 0:
             raise ConfigError(f"DistBackend: the send delay must be >= 0 seconds, got {delay!r}")
         self.send_delay_s = delay / 1e3 if send_delay_s is None else delay
+        # a receive may be posted from another thread (Transport.expect): gloo's CPU point-to-point ops may; an
+        # NCCL receive there would order itself on that thread's stream, so NCCL receives stay on the caller's
+        self.prefetches = backend == "gloo"
         self._line: queue.Queue | None = None
         self._line_error: BaseException | None = None
         self._failed: WireError | None = None  # after a failed receive the stream position is lost for good

@@ -47,6 +47,7 @@ import torch
 from actzip.errors import ConfigError, PayloadError
 from actzip.core.payload import Payload
 from actzip.wire.backends import DistBackend, LoopbackBackend, LoopbackHub
+from actzip.wire.prefetch import Prefetch
 from actzip.errors import (
     WireConfigMismatchError,
     WireDesyncError,
@@ -249,6 +250,8 @@ class Transport:
         self._tx_slots: dict[tuple[int, str], list[bytes | None]] = {}
         self._rx_schemas: dict[tuple[int, str], list[list | None]] = {}
         self._tx_count: dict[tuple[int, str], int] = {}
+        self._expected: dict[int, int] = {}  # peer -> messages announced by expect() and not yet received ahead
+        self._ahead: dict[int, Prefetch] = {}  # peer -> its next message, being received ahead
 
     @property
     def device(self) -> torch.device:
@@ -302,6 +305,20 @@ class Transport:
                 f"with the same settings: " + "; ".join(diffs))
 
     # -- data --
+
+    def expect(self, peer: int, count: int) -> None:
+        """``count`` more messages will come from ``peer`` (a step's schedule says so): each is received ahead,
+        one at a time, while this rank computes, where the backend allows it (``backend.prefetches``: gloo).
+        Each receive ahead waits at most ``timeout_s`` from its start."""
+        if count > 0 and getattr(self.backend, "prefetches", False):
+            self._expected[peer] = self._expected.get(peer, 0) + count
+            self._receive_ahead(peer)
+
+    def _receive_ahead(self, peer: int) -> None:
+        if self._expected.get(peer, 0) > 0 and peer not in self._ahead:
+            self._expected[peer] -= 1
+            self._ahead[peer] = Prefetch(lambda: self._read(peer, f"the next message from rank {peer}"),
+                                         name=f"actzip-recv-{self.rank}-from-{peer}")
 
     def send(self, peer: int, items: dict[str, Item], *, channel: str, state: int = 0, clock: float = 0.0) -> int:
         """Send ``items`` to ``peer`` on ``channel`` ("fwd" or "bwd"); returns the bytes put on the wire."""
@@ -440,6 +457,18 @@ class Transport:
             self.meter.add("sent", channel, body.numel())
 
     def _recv_raw(self, peer: int, what: str) -> tuple[dict, torch.Tensor]:
+        ahead = self._ahead.pop(peer, None)
+        hdr, body = ahead.result(self.timeout_s, what) if ahead is not None else self._read(peer, what)
+        self._receive_ahead(peer)
+        kind, channel, body_n = hdr["kind"], hdr["channel"], hdr["body"]
+        if kind == _ABORT:
+            raise WirePeerError(f"rank {peer} failed and reported: {bytes(body.cpu()).decode(errors='replace')}")
+        if kind in (_HELLO, _DATA):
+            self.meter.add("received", CHANNELS[channel] if channel < len(CHANNELS) else "control", body_n)
+        return hdr, body
+
+    def _read(self, peer: int, what: str) -> tuple[dict, torch.Tensor]:
+        """The next header and body from ``peer``, off the backend (no meter: a thread may run this)."""
         raw = bytes(self.backend.recv(peer, HEADER_BYTES, f"the header of {what}", self.timeout_s).cpu())
         magic, version, kind, flags, channel, seq, slot, cfg, state, body_n, clock = struct.unpack(HEADER_FORMAT, raw)
         if magic != MAGIC or version != VERSION or kind not in _KINDS or body_n > _MAX_BODY:
@@ -450,8 +479,4 @@ class Transport:
                "state": state, "body": body_n, "clock": clock}
         body = (self.backend.recv(peer, body_n, f"the body of {what}", self.timeout_s) if body_n
                 else torch.empty(0, dtype=torch.uint8, device=self.device))
-        if kind == _ABORT:
-            raise WirePeerError(f"rank {peer} failed and reported: {bytes(body.cpu()).decode(errors='replace')}")
-        if kind in (_HELLO, _DATA):
-            self.meter.add("received", CHANNELS[channel] if channel < len(CHANNELS) else "control", body_n)
         return hdr, body

@@ -152,6 +152,10 @@ class Pipeline:
     def _drive(self, plans: dict[int, deque]) -> None:
         if self.distributed:
             w = self.workers[0]
+            # every forward but the first stage's takes one message from below, every backward but the last
+            # stage's one from above: the transport receives them ahead while this stage computes
+            w.transport.expect(w.stage - 1, 0 if w.first else sum(k == "F" for k, _ in plans[0]))
+            w.transport.expect(w.stage + 1, 0 if w.last else sum(k == "B" for k, _ in plans[0]))
             for kind, mb in plans[0]:
                 w.run(kind, mb)
             return
