@@ -332,7 +332,7 @@ for stage in $stages; do
       grep -q "netns add: ok" "$out/netns-probe.txt" 2>/dev/null || { echo "skipped: no namespaces here"; continue; }
       seed=${stage##*-s}
       az bench decentralized "${wide[@]}" --pretrain-steps 300 --steps 40 --until-target 2 --seeds "$seed" \
-        --methods dense,int4+quant,pca+quant --shaped-link 200,50 --dense-off-link \
+        --methods dense,int4+quant,pca+quant --shaped-link 200,50 --dense-off-link --keep-replay \
         --json "$out/wide-shaped-s$seed.json" > "$out/wide-shaped-s$seed.log" 2>&1
       tail -n 3 "$out/wide-shaped-s$seed.log"; rm -f "$out/wide-shaped-s$seed.png" ;;
     decentralized-unshaped-gpu)  # decentralized-shaped-gpu's runs with every rank on this host (no namespaces): the

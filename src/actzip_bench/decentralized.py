@@ -73,13 +73,12 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
     loss on every link."""
     window = cfg.window
     tokens_per_step = cfg.batch_size * cfg.block_size * cfg.replicas
-    rows, curves = [], {}
+    rows = []
     for run in runs:
         ranks = run["ranks"]
         last = [r for r in ranks if r["stage"] == cfg.stages - 1]
         mean_loss = [statistics.fmean(v) for v in zip(*(r["losses"] for r in last))]
         n = len(mean_loss)  # steps run: more than cfg.steps where a method trained on to reach dense's loss
-        curves[(run["seed"], run["task"], run["method"])] = _smoothed(mean_loss, window)
         sent = {c: sum(r["pp_meter"]["sent"][c]["total"] for r in ranks if r["replica"] == 0) for c in ("fwd", "bwd")}
         pp = sent["fwd"] + sent["bwd"]
         dp = sum(sum(b.values()) for r in ranks if r["replica"] == 0 for b in r["dp_bytes"])
@@ -104,7 +103,7 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
                                             if r["replica"] == 0 and r.get("anchor_meter")
                                             for c in ("fwd", "bwd")) / n,
                "wall_s": max(r["wall_s"] for r in ranks), "links": {}}
-        if cfg.keep_replay or cfg.shaped_link is not None:  # what _run_times replays, to replay it again later
+        if cfg.keep_replay:  # what replay_times replays, to replay it again later
             row["replay"] = [{k: r.get(k) for k in ("stage", "replica", "actions", "dp_bytes", "dp_host_seconds")}
                              for r in ranks if r["replica"] == 0]
         for bw, lat in cfg.links:
@@ -121,18 +120,26 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
         elif cfg.shaped_link is not None:
             row["links"][cfg.link_names[-1]] = _measured(ranks)
         rows.append(row)
+    set_targets(rows, window)
+    return rows
+
+
+def set_targets(rows: list[dict], window: int) -> None:
+    """Each row's time to dense's final loss (same seed and task) on every link: the first step at which the
+    mean loss of the last ``window`` steps is at or below it, counted once a whole window has run (a task whose
+    first loss is already below its final one, as a fresh optimizer's first steps can make it, is not "reached"
+    before any training)."""
     for row in rows:
         target = next(r["final_loss"] for r in rows if r["method"] == "dense" and r["seed"] == row["seed"]
                       and r["task"] == row["task"])
-        curve = curves[(row["seed"], row["task"], row["method"])]
-        reach = next((i for i, v in enumerate(curve) if v <= target), None)
+        curve = _smoothed(row["losses"], window)
+        reach = next((i for i, v in enumerate(curve) if i >= window - 1 and v <= target), None)
         row["target_loss"] = target
         row["target_step"] = reach
-        for name, link in row["links"].items():
+        for link in row["links"].values():
             link["time_to_target_s"] = None if reach is None else link["cumulative_s"][reach]
         first = next(iter(row["links"].values()))
         row["time_to_target_s"] = first["time_to_target_s"]  # on the first link
-    return rows
 
 
 def _measured(ranks: list[dict]) -> dict:
@@ -388,5 +395,6 @@ def merge_records(records: list[dict]) -> dict:
         raise ActzipError(f"bench decentralized --merge: seeds repeat across the records: {seeds}")
     cfg = DecentralizedBenchConfig(**_config_fields({**first["config"], "seeds": seeds}))
     rows = [row for rec in records for row in rec["rows"]]
+    set_targets(rows, cfg.window)  # from each row's own losses and times
     return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
             "machine": first["machine"], "merged_from": [rec.get("command") for rec in records]}

@@ -45,6 +45,9 @@ CPU_LOCAL_256 = "results/cpu/decentralized-quant-256-local.json"  # the same run
 CPU_LINK = "results/cpu/link-200.json"  # bench link: messages alone over the shaped link, against the model
 # those methods on the shaped mesh with an H100 computing (width 512, 256-token windows), one seed, domain
 H100_SHAPED = ("results/h100/decentralized-shaped-gpu.json",)
+# the wide shape's 4-bit-sync methods on the shaped mesh with an H100 computing, 3 seeds one after the other,
+# dense trained off the link (its losses the targets)
+H100_WIDE_SHAPED = ("results/h100/decentralized-wide-shaped.json",)
 # the corrections' ablation with the trained models' held-out loss (codecs off): the quick and the default protocol
 CPU_CORRECTION_ABLATION = {"quick": "results/cpu/decentralized-correction-ablation-quick.json",
                            "default": "results/cpu/decentralized-correction-ablation.json"}
@@ -427,6 +430,8 @@ RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-
                 for k, v in CPU_CORRECTION_CHECK.items()},
              "wire-decentralized-shaped-quant": lambda root: shaped_calibration(root, CPU_SHAPED_QUANT, "pca+quant"),
              "wire-decentralized-shaped-h100": lambda root: shaped_calibration(root, H100_SHAPED, "pca+quant"),
+             "wire-decentralized-shaped-h100-wide": lambda root: shaped_calibration(root, H100_WIDE_SHAPED,
+                                                                                    "pca+quant"),
              "wire-decentralized-shaped-256": lambda root: shaped_calibration(root, CPU_SHAPED_256, "pca+quant")
              + " " + local_sync(root),
              "wire-link-probe": link_probe}

@@ -9,7 +9,14 @@ import pytest
 from actzip.errors import ConfigError
 from actzip.errors import ActzipError
 from actzip.wire import netns_unavailable_reason
-from actzip_bench.decentralized import failure_lines, merge_records, replay_times, run_decentralized, with_speed
+from actzip_bench.decentralized import (
+    failure_lines,
+    merge_records,
+    replay_times,
+    run_decentralized,
+    set_targets,
+    with_speed,
+)
 from actzip_bench.decentralized_config import METHODS, DecentralizedBenchConfig, method_boundary
 
 ROW_FIELDS = {"method", "pp_bytes_per_step", "dp_bytes_per_step", "final_loss", "tokens", "time_to_target_s"}
@@ -131,6 +138,22 @@ def test_a_kept_schedule_replays_to_the_rows_modelled_step_times(record):
             times = replay_times(row["replay"], cfg, LinkSpec(bandwidth_mbps=bw, latency_ms=lat))
             assert row["links"][name]["cumulative_s"][-1] == pytest.approx(sum(times))
         assert all(h >= 0 for r in row["replay"] for h in r["dp_host_seconds"])
+
+
+def test_dense_loss_is_reached_only_once_a_whole_window_has_run():
+    # a task whose first loss is below the final one (a fresh optimizer's first update shakes the model): the
+    # first step "reaches" nothing; pca's mean over its last 2 steps does at step 4, dense's own at its last
+    def row(method, losses):
+        return {"seed": 0, "task": "continual", "method": method, "losses": losses,
+                "final_loss": sum(losses[-2:]) / 2, "links": {"l": {"cumulative_s": [float(i + 1) for i in
+                                                                                      range(len(losses))]}}}
+
+    rows = [row("dense", [1.0, 3.0, 2.0, 1.4, 1.2, 1.2]), row("pca", [1.0, 3.0, 2.0, 1.2, 1.0, 1.1])]
+    set_targets(rows, window=2)
+    assert [r["target_step"] for r in rows] == [5, 4] and rows[1]["time_to_target_s"] == 5.0
+    rows[1]["losses"] = [1.0, 3.0, 2.5, 2.0, 1.9, 1.8]
+    set_targets(rows, window=2)
+    assert rows[1]["target_step"] is None and rows[1]["links"]["l"]["time_to_target_s"] is None
 
 
 def test_link_times_and_ratios_are_reported_per_link(record):

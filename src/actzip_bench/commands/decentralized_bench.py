@@ -117,8 +117,8 @@ def add_parsers(bench) -> None:
                     help="with --shaped-link: dense (the loss reference) trains on this host first, the other "
                     "methods on the shaped link (values never depend on the link; dense's time there is the model's)")
     db.add_argument("--keep-replay", action="store_const", const=True, dest="keep_replay",
-                    help="keep each run's measured schedule in the record (always on a shaped link), so the "
-                    "link model can replay it again")
+                    help="keep each run's measured schedule in the record, so the link model can replay it "
+                    "again (about a megabyte per 50 rows)")
     db.add_argument("--methods", help="comma-separated methods (default all; docs/wire.md lists them, an unknown "
                     "name is refused with the list)")
     db.add_argument("--tasks", help="comma-separated tasks: domain, continual (default both)")
