@@ -64,12 +64,12 @@ class _Uplink:
 
     def __init__(self, spec: LinkSpec) -> None:
         self.spec, self.fifo = spec, LinkModel(spec)
-        self.sent: list[tuple[tuple, float, float, float]] = []  # (message key, start on the wire, end, bytes)
+        self.sent: list[list] = []  # [message key, start on the wire, end, bytes] of those a sync may meet
 
     def transmit(self, key: tuple, nbytes: int, send_time: float) -> float:
         start = max(self.fifo.last_arrival, send_time + self.spec.latency_ms / 1e3)
         end = self.fifo.transmit(nbytes, send_time)
-        self.sent.append((key, start, end, nbytes))
+        self.sent.append([key, start, end, nbytes])
         return end
 
     def sync(self, sync: Sync, start: float, arrivals: dict[tuple, float]) -> float:
@@ -80,15 +80,15 @@ class _Uplink:
             return start + sync.host_s
         enter = start + sync.host_s + lat  # the first hop's latency, as the pipeline's messages pay it
         alone = self.spec.seconds(sync.wire_bytes)
-        backlog = sum(self.spec.seconds(n) * min(1.0, (end - max(enter, s)) / (end - s)) for _, s, end, n in self.sent
-                      if end > enter and end > s)  # the messages' seconds still to send when the sync's bytes come
+        self.sent = [m for m in self.sent if m[2] > enter]  # the messages still going up when the sync's bytes come
+        backlog = sum(end - max(enter, s) for _, s, end, _ in self.sent)  # their seconds still to send
         shared = min(alone, backlog)  # both streams at half the rate until the shorter one is through
-        for key, s, end, _ in self.sent:
-            if end > enter and key in arrivals:
-                ahead = end - enter  # its seconds of the backlog, sent alone
-                arrivals[key] = enter + (2 * ahead if ahead <= shared else ahead + shared)
-        if self.sent:
-            self.fifo.last_arrival = max(self.fifo.last_arrival, *(arrivals.get(k, e) for k, _, e, _ in self.sent))
+        for m in self.sent:
+            ahead = m[2] - enter  # its seconds of the backlog, sent alone
+            m[2] = enter + (2 * ahead if ahead <= shared else ahead + shared)
+            if m[0] in arrivals:  # not taken by its receiver yet
+                arrivals[m[0]] = m[2]
+            self.fifo.last_arrival = max(self.fifo.last_arrival, m[2])
         return enter + alone + shared + max(0, sync.hops - 1) * lat
 
 

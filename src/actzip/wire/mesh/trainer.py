@@ -103,6 +103,8 @@ class TwoCircuit:
         # the data-parallel collectives hold as many one-way latencies as their hops (see dp_sync_seconds)
         self._dp_latency = LinkSpec(latency_ms=1e3 * getattr(self.pipe.transport.backend, "send_delay_s", 0.0))
         self._pending_dp: dict[str, int] = {}
+        self._dp_time = 0.0  # this step's sync so far (seconds)
+        self._held = 0.0  # of it, the first hop's latency held before the collectives (a software-latency link)
 
     @torch.no_grad()
     def _broadcast_parameters(self) -> None:
