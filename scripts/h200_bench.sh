@@ -29,7 +29,8 @@
 #   4-bit data-parallel sync on a shaped link with the GPU computing; after netns-probe),
 #   decentralized-unshaped-gpu (the same runs on one host), decentralized-wide-shaped-s0 (-s1, -s2: the wide
 #   shape's 4-bit-sync methods on the shaped link, dense off it; after netns-probe),
-#   netns-probe (whether the shaped mesh can run there, with a carried iproute2),
+#   netns-probe (whether the shaped mesh can run there, with a carried iproute2), link-probe (bench link there;
+#   after netns-probe),
 #   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average)
 set -uo pipefail
 out=${1:?output directory}; shift
@@ -318,6 +319,10 @@ for stage in $stages; do
       # the tools alone do not say whether this container may make namespaces: try one
       (ip netns add azprobe && ip netns del azprobe && echo "netns add: ok" || echo "netns add: failed") 2>&1 \
         | tee -a "$out/netns-probe.txt" ;;
+    link-probe)  # after netns-probe (its PATH): messages and two ranks' all-gathers over a shaped 200 Mbit/s link,
+      # timed against the link model (the model's collective time on this machine's kernel)
+      grep -q "netns add: ok" "$out/netns-probe.txt" 2>/dev/null || { echo "skipped: no namespaces here"; continue; }
+      az bench link --json "$out/link-gpu.json" > "$out/link-gpu.log" 2>&1; tail -n 20 "$out/link-gpu.log" ;;
     decentralized-shaped-gpu)  # after netns-probe (its PATH): the 4-bit data-parallel sync on a shaped 200 Mbit/s
       # link, every rank in a namespace, the GPU computing (width 512, 256-token windows), one seed, domain
       grep -q "netns add: ok" "$out/netns-probe.txt" 2>/dev/null || { echo "skipped: no namespaces here"; continue; }

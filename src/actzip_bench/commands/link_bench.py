@@ -1,5 +1,5 @@
-"""``actzip bench link``: messages timed over a real shaped link (network namespaces, ``tc``) against the link
-model's time for them, per message size."""
+"""``actzip bench link``: messages, and two ranks' all-gathers, timed over a real shaped link (network namespaces,
+``tc``) against the link model's time for them, per size."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def _bench_link(args: argparse.Namespace) -> int:
 
     from actzip.errors import ConfigError
     from actzip.wire.link import LinkSpec, netns_unavailable_reason, shaping_qdisc
-    from actzip.wire.link_probe import DEFAULT_SIZES, model_seconds, transfer_times
+    from actzip.wire.link_probe import DEFAULT_SIZES, gather_times, model_seconds, transfer_times
+    from actzip.wire.replay import dp_sync_seconds
     from actzip_bench.harness import machine_record
 
     try:  # the options first: a bad one is named wherever the command runs
@@ -37,16 +38,28 @@ def _bench_link(args: argparse.Namespace) -> int:
         t.add_row(f"{r['bytes']:,}", f"{1e3 * r['measured_s']:.2f}", f"{1e3 * r['model_s']:.2f}",
                   f"{r['model_s'] / r['measured_s'] - 1:+.1%}")
     console.print(t)
+    console.print(f"timing all-gathers of {len(sizes)} sizes x {args.repeats} between two ranks, each uplink shaped")
+    got = gather_times(link, sizes, repeats=args.repeats, idle_s=args.idle)
+    gathers = [{"bytes": n, "measured_s": got[n], "model_s": dp_sync_seconds({"all_gather": n}, 2, link)}
+               for n in sizes]
+    t = Table(title=f"all-gathers of two gloo ranks, the slower rank's time, median of {args.repeats}")
+    for col in ("bytes a rank", "measured ms", "model ms", "model vs measured"):
+        t.add_column(col, justify="right")
+    for r in gathers:
+        t.add_row(f"{r['bytes']:,}", f"{1e3 * r['measured_s']:.2f}", f"{1e3 * r['model_s']:.2f}",
+                  f"{r['model_s'] / r['measured_s'] - 1:+.1%}")
+    console.print(t)
     record = {"config": {"mbps": args.mbps, "sizes": list(sizes), "repeats": args.repeats, "idle_s": args.idle},
-              "rows": rows, "shaping": shaping_qdisc(), "machine": machine_record(torch.device("cpu")),
-              "command": command_line(args)}
+              "rows": rows, "gathers": gathers, "shaping": shaping_qdisc(),
+              "machine": machine_record(torch.device("cpu")), "command": command_line(args)}
     write_json(record, args.json, console)
     return 0
 
 
 def add_parsers(bench) -> None:
     """Add ``link`` to ``actzip bench``."""
-    lb = bench.add_parser("link", help="messages timed over a real shaped link against the link model (root)")
+    lb = bench.add_parser("link", help="messages and two ranks' all-gathers timed over a real shaped link against "
+                          "the link model (root)")
     lb.add_argument("--mbps", type=float, default=200.0, help="the link's rate in Mbit/s (default 200)")
     lb.add_argument("--sizes", help="comma-separated message sizes in bytes (default 16 kB to 4 MB)")
     lb.add_argument("--repeats", type=int, default=7, help="messages of each size; the median counts (default 7)")
