@@ -387,23 +387,26 @@ def correction_reading(root: Path) -> str:
             f"{cite(*sources)}.")
 
 
+def _timings(first: str, rows: list[dict]) -> str:
+    """A markdown table of measured against modelled times, one row per size."""
+    out = [f"| {first} | measured ms | model ms | model vs measured |", "|---:|---:|---:|---:|"]
+    out += [f"| {r['bytes']:,} | {1e3 * r['measured_s']:.2f} | {1e3 * r['model_s']:.2f} | "
+            f"{pct(r['model_s'] / r['measured_s'] - 1)} |" for r in rows]
+    return "\n".join(out)
+
+
 def link_probe(root: Path) -> str:
-    """``bench link``'s record: each message size's measured time against the model's."""
+    """``bench link``'s record: each message size's and each all-gather's measured time against the model's."""
     rec = json.loads((Path(root) / CPU_LINK).read_text())
     c = rec["config"]
-    out = ["| message bytes | measured ms | model ms | model vs measured |", "|---:|---:|---:|---:|"]
-    out += [f"| {r['bytes']:,} | {1e3 * r['measured_s']:.2f} | {1e3 * r['model_s']:.2f} | "
-            f"{pct(r['model_s'] / r['measured_s'] - 1)} |" for r in rec["rows"]]
-    text = "\n".join(out) + (f"\n\n{c['mbps']:g} Mbit/s shaped by `{rec['shaping']}`, one message at a time "
-                             f"after {c['idle_s']:g} s idle, median of {c['repeats']} {cite(CPU_LINK)}.")
+    text = _timings("message bytes", rec["rows"]) + (
+        f"\n\n{c['mbps']:g} Mbit/s shaped by `{rec['shaping']}`, one message at a time after {c['idle_s']:g} s "
+        f"idle, median of {c['repeats']} {cite(CPU_LINK)}.")
     if "gathers" not in rec:
         return text
-    gathers = ["| bytes a rank | measured ms | model ms | model vs measured |", "|---:|---:|---:|---:|"]
-    gathers += [f"| {r['bytes']:,} | {1e3 * r['measured_s']:.2f} | {1e3 * r['model_s']:.2f} | "
-                f"{pct(r['model_s'] / r['measured_s'] - 1)} |" for r in rec["gathers"]]
     big = [r["model_s"] / r["measured_s"] - 1 for r in rec["gathers"] if r["bytes"] >= 1_000_000]
     return (text + "\n\nTwo gloo ranks' all-gathers (the 4-bit sync's collective), each rank in a namespace with "
-            "its uplink shaped the same way, the slower rank's time:\n\n" + "\n".join(gathers) +
+            "its uplink shaped the same way, the slower rank's time:\n\n" + _timings("bytes a rank", rec["gathers"]) +
             (f"\n\nFrom a megabyte a rank up the model is {pct(min(big))} to {pct(max(big))} off the measured "
              "all-gather" if big else "") + f" {cite(CPU_LINK)}.")
 

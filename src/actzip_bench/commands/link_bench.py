@@ -11,7 +11,6 @@ from actzip_bench.commands.common import command_line, write_json
 def _bench_link(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
-    from rich.table import Table
 
     from actzip.errors import ConfigError
     from actzip.wire.link import LinkSpec, netns_unavailable_reason, shaping_qdisc
@@ -31,29 +30,31 @@ def _bench_link(args: argparse.Namespace) -> int:
     console.print(f"timing {len(sizes)} message sizes x {args.repeats} over a {args.mbps:g} Mbit/s shaped link")
     got = transfer_times(link, sizes, repeats=args.repeats, idle_s=args.idle)
     rows = [{"bytes": n, "measured_s": got[n], "model_s": model_seconds(link, n)} for n in sizes]
-    t = Table(title=f"{args.mbps:g} Mbit/s ({shaping_qdisc()}), median of {args.repeats}")
-    for col in ("bytes", "measured ms", "model ms", "model vs measured"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        t.add_row(f"{r['bytes']:,}", f"{1e3 * r['measured_s']:.2f}", f"{1e3 * r['model_s']:.2f}",
-                  f"{r['model_s'] / r['measured_s'] - 1:+.1%}")
-    console.print(t)
+    console.print(_table(f"{args.mbps:g} Mbit/s ({shaping_qdisc()}), median of {args.repeats}", "bytes", rows))
     console.print(f"timing all-gathers of {len(sizes)} sizes x {args.repeats} between two ranks, each uplink shaped")
     got = gather_times(link, sizes, repeats=args.repeats, idle_s=args.idle)
     gathers = [{"bytes": n, "measured_s": got[n], "model_s": dp_sync_seconds({"all_gather": n}, 2, link)}
                for n in sizes]
-    t = Table(title=f"all-gathers of two gloo ranks, the slower rank's time, median of {args.repeats}")
-    for col in ("bytes a rank", "measured ms", "model ms", "model vs measured"):
-        t.add_column(col, justify="right")
-    for r in gathers:
-        t.add_row(f"{r['bytes']:,}", f"{1e3 * r['measured_s']:.2f}", f"{1e3 * r['model_s']:.2f}",
-                  f"{r['model_s'] / r['measured_s'] - 1:+.1%}")
-    console.print(t)
+    console.print(_table(f"all-gathers of two gloo ranks, the slower rank's time, median of {args.repeats}",
+                         "bytes a rank", gathers))
     record = {"config": {"mbps": args.mbps, "sizes": list(sizes), "repeats": args.repeats, "idle_s": args.idle},
               "rows": rows, "gathers": gathers, "shaping": shaping_qdisc(),
               "machine": machine_record(torch.device("cpu")), "command": command_line(args)}
     write_json(record, args.json, console)
     return 0
+
+
+def _table(title: str, first: str, rows: list[dict]):
+    """A rich table of measured against modelled times, one row per size."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in (first, "measured ms", "model ms", "model vs measured"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(f"{r['bytes']:,}", f"{1e3 * r['measured_s']:.2f}", f"{1e3 * r['model_s']:.2f}",
+                  f"{r['model_s'] / r['measured_s'] - 1:+.1%}")
+    return t
 
 
 def add_parsers(bench) -> None:
