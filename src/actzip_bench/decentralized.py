@@ -8,8 +8,9 @@ each on its own batches: ``domain`` on the prose (comments and docstrings, anoth
 ``code_late`` (code of other modules). Each rank records its actions (measured compute), boundary bytes and
 per-step data-parallel payload; a step's time on a link is the recorded schedule replayed by
 :func:`actzip.wire.simulate` with every stage's data-parallel sync (:func:`actzip.wire.dp_sync`: its bytes and
-hops, and its host work as measured) before its update. Final loss: the replicas' mean training loss over the last ``smooth`` of the steps; time to target:
-the simulated time at which a method's smoothed loss first reaches dense's final loss (same seed and task).
+hops, and its host work as measured) before its update. Final loss: the replicas' mean training loss over the
+last ``smooth`` of the steps; time to target: the simulated time at which a method's smoothed loss first reaches
+dense's final loss (same seed and task), once a whole smoothing window has run (:func:`set_targets`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from actzip_bench.harness import machine_record
 from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
 
-__all__ = ["DecentralizedRunError", "merge_records", "pretrain", "replay_times", "run_decentralized", "summarize",
-           "with_speed"]
+__all__ = ["DecentralizedRunError", "merge_records", "pretrain", "replay_times", "run_decentralized", "set_targets",
+           "summarize", "with_speed"]
 
 
 def pretrain(cfg: DecentralizedBenchConfig, seed: int, corpus, device: torch.device | None = None) -> list[dict]:

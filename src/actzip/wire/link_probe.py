@@ -35,15 +35,21 @@ def model_seconds(link: LinkSpec, nbytes: int) -> float:
     return link.seconds(nbytes) + link.latency_ms / 1e3
 
 
+def _checked(who: str, sizes, repeats: int) -> list[int]:
+    """``sizes`` as ints, after a clear error for a bad size list or repeat count."""
+    sizes = [int(s) for s in sizes]
+    if not sizes or any(s < 1 for s in sizes):
+        raise ConfigError(f"{who}: sizes must be positive byte counts, got {sizes!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"{who}: repeats must be an int >= 1, got {repeats!r}")
+    return sizes
+
+
 def transfer_times(link: LinkSpec, sizes=DEFAULT_SIZES, repeats: int = 7, idle_s: float = 0.2,
                    timeout_s: float = 120.0) -> dict[int, float]:
     """Median seconds per message of each size in ``sizes`` (bytes) over ``link``, ``repeats`` messages each,
     ``idle_s`` apart. Needs what :class:`NetnsLink` needs (root, iproute2)."""
-    sizes = [int(s) for s in sizes]
-    if not sizes or any(s < 1 for s in sizes):
-        raise ConfigError(f"transfer_times: sizes must be positive byte counts, got {sizes!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"transfer_times: repeats must be an int >= 1, got {repeats!r}")
+    sizes = _checked("transfer_times", sizes, repeats)
     with NetnsLink(link) as net:
         me = [sys.executable, "-m", "actzip.wire.link_probe"]
         server = net.popen(1, [*me, "serve", net.addresses[1]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -63,11 +69,7 @@ def gather_times(link: LinkSpec, sizes=DEFAULT_SIZES, repeats: int = 7, idle_s: 
                  timeout_s: float = 180.0) -> dict[int, float]:
     """Median seconds per all-gather of each size in ``sizes`` (bytes a replica contributes) between two gloo
     ranks, each in a namespace with its uplink shaped to ``link``; per repeat the slower rank's time counts."""
-    sizes = [int(s) for s in sizes]
-    if not sizes or any(s < 1 for s in sizes):
-        raise ConfigError(f"gather_times: sizes must be positive byte counts, got {sizes!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"gather_times: repeats must be an int >= 1, got {repeats!r}")
+    sizes = _checked("gather_times", sizes, repeats)
     with NetnsMesh(2, link) as net:
         argv = [sys.executable, "-m", "actzip.wire.link_probe", "gather", json.dumps(sizes), str(repeats), str(idle_s)]
         procs = [net.popen(i, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -23,7 +23,8 @@ class DPMeter:
     by_collective: dict[str, int] = field(default_factory=dict)  # payload bytes per collective kind
     fallback_buckets: int = 0  # bucket syncs sent plain because the method could not take them
     # seconds inside the collectives, from each call to its completion (transfer and wait for the peers):
-    # kept by GradSync, OuterSync and sync_factored_grads (a DDP hook's collectives complete inside DDP)
+    # kept by GradSync, OuterSync, sync_factored_grads and the top-k and quant hooks (under DDP the all-reduce
+    # hooks' collectives complete inside DDP, untimed)
     wait_s: float = 0.0
 
     def add(self, collective: str, nbytes: int) -> None:
