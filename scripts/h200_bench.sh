@@ -322,7 +322,7 @@ for stage in $stages; do
     link-probe)  # after netns-probe (its PATH): messages and two ranks' all-gathers over a shaped 200 Mbit/s link,
       # timed against the link model (the model's collective time on this machine's kernel)
       grep -q "netns add: ok" "$out/netns-probe.txt" 2>/dev/null || { echo "skipped: no namespaces here"; continue; }
-      az bench link --json "$out/link-gpu.json" > "$out/link-gpu.log" 2>&1; tail -n 20 "$out/link-gpu.log" ;;
+      az bench link --sizes 16000,250000,1000000,2000000,4000000,8000000 --json "$out/link-gpu.json" > "$out/link-gpu.log" 2>&1; tail -n 20 "$out/link-gpu.log" ;;
     decentralized-shaped-gpu)  # after netns-probe (its PATH): the 4-bit data-parallel sync on a shaped 200 Mbit/s
       # link, every rank in a namespace, the GPU computing (width 512, 256-token windows), one seed, domain
       grep -q "netns add: ok" "$out/netns-probe.txt" 2>/dev/null || { echo "skipped: no namespaces here"; continue; }

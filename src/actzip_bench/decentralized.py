@@ -37,7 +37,7 @@ from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
 
 __all__ = ["DecentralizedRunError", "merge_records", "pretrain", "replay_times", "run_decentralized", "set_targets",
-           "summarize", "with_speed"]
+           "summarize", "with_calibration", "with_speed"]
 
 
 def pretrain(cfg: DecentralizedBenchConfig, seed: int, corpus, device: torch.device | None = None) -> list[dict]:
@@ -107,13 +107,8 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
         if cfg.keep_replay:  # what replay_times replays, to replay it again later
             row["replay"] = [{k: r.get(k) for k in ("stage", "replica", "actions", "dp_bytes", "dp_host_seconds")}
                              for r in ranks if r["replica"] == 0]
-        for bw, lat in cfg.links:
-            spec = LinkSpec(bandwidth_mbps=bw, latency_ms=lat)
-            times = replay_times(ranks, cfg, spec)
-            pp = replay_times(ranks, cfg, spec, with_dp=False)
-            row["links"][f"{bw:g}mbps-{lat:g}ms"] = {"step_s": statistics.median(times[1:] or times),
-                                                     "pp_step_s": statistics.median(pp[1:] or pp),
-                                                     "cumulative_s": list(_cumsum(times))}
+        for name, spec in cfg.modelled_links().items():
+            row["links"][name] = _modelled(ranks, cfg, spec)
         if cfg.shaped_link is not None and cfg.dense_off_link and run["method"] == "dense":
             # trained off the link: its time there is the model's of the same link
             modelled = f"{cfg.shaped_link[0]:g}mbps-{cfg.shaped_link[1]:g}ms"
@@ -123,6 +118,38 @@ def summarize(cfg: DecentralizedBenchConfig, runs: list[dict]) -> list[dict]:
         rows.append(row)
     set_targets(rows, window)
     return rows
+
+
+def _modelled(ranks: list[dict], cfg: DecentralizedBenchConfig, spec: LinkSpec) -> dict:
+    """The link model's step times of a run on ``spec``: with the syncs, and the pipeline axis alone."""
+    times = replay_times(ranks, cfg, spec)
+    pp = replay_times(ranks, cfg, spec, with_dp=False)
+    return {"step_s": statistics.median(times[1:] or times), "pp_step_s": statistics.median(pp[1:] or pp),
+            "cumulative_s": list(_cumsum(times))}
+
+
+def with_calibration(record: dict, probe: dict) -> dict:
+    """``record`` with ``probe``'s (an ``actzip bench link`` record's) all-gathers as its config's exchange
+    times, and every row's runs replayed again on the calibrated links; its rows must keep their schedule
+    (``--keep-replay``)."""
+    bare = [i for i, r in enumerate(record["rows"]) if not r.get("replay")]
+    if bare:
+        raise ActzipError(f"bench decentralized --link-calibration: {len(bare)} rows keep no schedule to replay (run "
+                          "with --keep-replay)")
+    config = {**record["config"], "exchange": [(g["bytes"], g["measured_s"]) for g in probe["gathers"]],
+              "exchange_mbps": float(probe["config"]["mbps"])}
+    cfg = DecentralizedBenchConfig(**_config_fields(config))
+    rows = []
+    for before in record["rows"]:
+        row = {**before, "links": dict(before["links"])}
+        for name, spec in cfg.modelled_links().items():
+            if name not in row["links"]:
+                row["links"][name] = _modelled(before["replay"], cfg, spec)
+        rows.append(row)
+    set_targets(rows, cfg.window)
+    return {**record, "config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
+            "link_calibration": {"machine": probe.get("machine"), "command": probe.get("command"),
+                                 "shaping": probe.get("shaping")}}
 
 
 def set_targets(rows: list[dict], window: int) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from actzip.errors import ConfigError
 from actzip.wire.anchor import AnchorConfig, SpectralConfig
 from actzip.wire.dp import DPConfig, OuterConfig
+from actzip.wire.link import LinkSpec
 from actzip.wire.mesh import TwoCircuitConfig
 from actzip_bench.models.gpt import GPTConfig
 
@@ -120,6 +121,10 @@ class DecentralizedBenchConfig:
     # keep replica 0's measured schedule in each row ("replay": its stages' actions, data-parallel bytes and
     # host work), so the link model can replay the run again later (about a megabyte per 50 rows)
     keep_replay: bool = False
+    # ``actzip bench link``'s all-gathers on the machine that ran (bytes a rank, measured seconds) at exchange_mbps:
+    # each modelled link of that rate is replayed again with its syncs priced at them ("... calibrated" links)
+    exchange: tuple[tuple[int, float], ...] = ()
+    exchange_mbps: float | None = None
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -151,6 +156,15 @@ class DecentralizedBenchConfig:
                 self.links = (*self.links, self.shaped_link)
         if self.dense_off_link and self.shaped_link is None:
             raise ConfigError("bench decentralized: dense_off_link takes a shaped_link (it runs dense off it)")
+        self.exchange = tuple((int(n), float(t)) for n, t in self.exchange)
+        if bool(self.exchange) != (self.exchange_mbps is not None):
+            raise ConfigError("bench decentralized: exchange and exchange_mbps come together (a bench link record's "
+                              f"all-gathers and its rate), got {len(self.exchange)} sizes at {self.exchange_mbps!r}")
+        if self.exchange:
+            LinkSpec(self.exchange_mbps, exchange=self.exchange)  # its own check of the table
+            if self.exchange_mbps not in [float(bw) for bw, _ in self.links]:
+                raise ConfigError(f"bench decentralized: the link calibration was measured at {self.exchange_mbps:g}"
+                                  f" Mbit/s; no modelled link has that rate ({[bw for bw, _ in self.links]})")
         if self.batch_size % self.microbatches:
             raise ConfigError(f"bench decentralized: batch_size {self.batch_size} is not a multiple of microbatches "
                               f"{self.microbatches}")
@@ -161,10 +175,19 @@ class DecentralizedBenchConfig:
         return cls(block_size=32, batch_size=8, microbatches=2, pretrain_steps=60, steps=40,
                    seeds=(0,), corpus_bytes=300_000, dataset_windows=256, eval_batches=2, lr=2e-3)
 
+    def modelled_links(self) -> dict[str, LinkSpec]:
+        """The links the model replays each run on, by name: every link, then those of the calibration's rate
+        again with the syncs at the measured exchange times."""
+        links = {f"{bw:g}mbps-{lat:g}ms": LinkSpec(bandwidth_mbps=bw, latency_ms=lat) for bw, lat in self.links}
+        for bw, lat in self.links:
+            if self.exchange and float(bw) == self.exchange_mbps:
+                links[f"{bw:g}mbps-{lat:g}ms calibrated"] = LinkSpec(bw, lat, exchange=self.exchange)
+        return links
+
     @property
     def link_names(self) -> list[str]:
         """The links' names in records: each modelled link, then the shaped one's measured times."""
-        names = [f"{bw:g}mbps-{lat:g}ms" for bw, lat in self.links]
+        names = list(self.modelled_links())
         return names + ([f"shaped {self.shaped_link[0]:g}mbps-{self.shaped_link[1]:g}ms"] if self.shaped_link else [])
 
     @property

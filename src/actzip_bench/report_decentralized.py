@@ -232,6 +232,10 @@ def shaped_calibration(root: Path, rels: tuple[str, ...] = CPU_SHAPED, summarize
     recs = [json.loads((Path(root) / rel).read_text()) for rel in rels]
     tasks = recs[0]["config"]["tasks"]
     head = ["method", "link", "measured step ms", "model step ms", "model vs measured"]
+    # records replayed again with the syncs at the machine's measured all-gather times (bench link)
+    calibrated = all(any(k.endswith(" calibrated") for k in r["links"]) for rec in recs for r in rec["rows"])
+    if calibrated:
+        head += ["calibrated model step ms", "calibrated vs measured"]
     # records that keep each step's measured data-parallel sync: it beside the part of the model's step it adds
     syncs = all("dp_sync_s" in r for rec in recs for r in rec["rows"])
     hosts = syncs and all("dp_host_s" in r for rec in recs for r in rec["rows"])
@@ -240,7 +244,7 @@ def shaped_calibration(root: Path, rels: tuple[str, ...] = CPU_SHAPED, summarize
     for t in tasks:
         head += [f"{t}: time to dense's loss, measured (model)", "best trivial wire's time / this one's, measured"]
     out = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    offs, ratios = [], []
+    offs, ratios, cal_offs = [], [], []
     for rec in recs:
         bw, lat = rec["config"]["shaped_link"]
         model, shaped = f"{bw:g}mbps-{lat:g}ms", f"shaped {bw:g}mbps-{lat:g}ms"
@@ -253,6 +257,11 @@ def shaped_calibration(root: Path, rels: tuple[str, ...] = CPU_SHAPED, summarize
                 offs.append(modelled / measured - 1)
             cells = [method, f"{bw:g} Mbps, {lat:g} ms", "off the link" if off_link else f"{1e3 * measured:.1f}",
                      f"{1e3 * modelled:.1f}", "n/a" if off_link else pct(modelled / measured - 1)]
+            if calibrated:
+                cal = sum(a["links"][f"{model} calibrated"]["step_s"] for a in aggs) / len(aggs)
+                if not off_link:
+                    cal_offs.append(cal / measured - 1)
+                cells += [f"{1e3 * cal:.1f}", "n/a" if off_link else pct(cal / measured - 1)]
             if syncs:
                 rows = [r for r in rec["rows"] if r["method"] == method]
                 sync_model = sum(r["links"][model]["step_s"] - r["links"][model]["pp_step_s"] for r in rows) / len(rows)
@@ -275,6 +284,9 @@ def shaped_calibration(root: Path, rels: tuple[str, ...] = CPU_SHAPED, summarize
                f"(`--until-target "
                f"{c['until_target']:g}`). Over {len(offs)} method-and-link entries the model's step is "
                f"{pct(min(offs))} to {pct(max(offs))} off the measured one")
+    if cal_offs:
+        summary += (f", and with the syncs at the all-gather times `bench link` measured on the same machine "
+                    f"{pct(min(cal_offs))} to {pct(max(cal_offs))}")
     if ratios:
         summary += (f"; on the shaped link the best trivial wire's time to dense's loss over `{summarized}`'s is "
                     f"{min(ratios):.2f}x to {max(ratios):.2f}x (below 1: `{summarized}` later)")

@@ -15,6 +15,7 @@ from actzip_bench.decentralized import (
     replay_times,
     run_decentralized,
     set_targets,
+    with_calibration,
     with_speed,
 )
 from actzip_bench.decentralized_config import METHODS, DecentralizedBenchConfig, method_boundary
@@ -138,6 +139,31 @@ def test_a_kept_schedule_replays_to_the_rows_modelled_step_times(record):
             times = replay_times(row["replay"], cfg, LinkSpec(bandwidth_mbps=bw, latency_ms=lat))
             assert row["links"][name]["cumulative_s"][-1] == pytest.approx(sum(times))
         assert all(h >= 0 for r in row["replay"] for h in r["dp_host_seconds"])
+
+
+def test_a_link_calibration_replays_the_kept_schedules_with_the_measured_exchanges(record):
+    # all-gathers twice as slow as the rate at every size: each sync's wire time doubles, nothing else changes
+    sizes = (1_000, 100_000, 10_000_000)
+    probe = {"config": {"mbps": 200.0}, "gathers": [{"bytes": n, "measured_s": 2 * 8 * n / 200e6} for n in sizes],
+             "machine": {"host_cpu": "here"}, "command": "actzip bench link"}
+    got = with_calibration(record, probe)
+    assert got["config"]["exchange_mbps"] == 200.0 and got["link_calibration"]["command"] == "actzip bench link"
+    for before, row in zip(record["rows"], got["rows"]):
+        plain, cal = row["links"]["200mbps-50ms"], row["links"]["200mbps-50ms calibrated"]
+        assert plain == before["links"]["200mbps-50ms"] and cal["pp_step_s"] == pytest.approx(plain["pp_step_s"])
+        sync = sum(sum(b.values()) for r in row["replay"] for b in r["dp_bytes"]) / len(row["losses"])
+        if sync:  # the syncs' bytes now take twice their time: the run is longer, never shorter
+            assert cal["cumulative_s"][-1] > plain["cumulative_s"][-1]
+        else:
+            assert cal["cumulative_s"][-1] == pytest.approx(plain["cumulative_s"][-1])
+        assert "80mbps-50ms calibrated" not in row["links"]  # measured at 200 Mbit/s only
+    assert {a["method"] for a in got["aggregate"]} == {a["method"] for a in record["aggregate"]}
+    bare = copy.deepcopy(record)
+    del bare["rows"][0]["replay"]
+    with pytest.raises(ActzipError, match="keep no schedule"):
+        with_calibration(bare, probe)
+    with pytest.raises(ConfigError, match="no modelled link has that rate"):
+        with_calibration(record, {**probe, "config": {"mbps": 100.0}})
 
 
 def test_dense_loss_is_reached_only_once_a_whole_window_has_run():

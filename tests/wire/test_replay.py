@@ -4,7 +4,8 @@ import pytest
 
 from actzip.wire import Sync, dp_sync, dp_sync_seconds
 from actzip.wire.link import Action, LinkSpec
-from actzip.wire.replay import simulate
+from actzip.errors import ConfigError
+from actzip.wire.replay import exchange_seconds, simulate
 from actzip.wire.transport import WireError
 
 
@@ -106,3 +107,33 @@ def test_a_middle_stage_sends_both_ways_up_one_uplink():
     assert tl.link_bytes == {"b0.bwd": 1_000_000, "b0.fwd": 10, "b1.fwd": 1_000_000}
     assert tl.busy_s == [0.0, 0.0, 0.0]
     assert simulate(acts + [Action(0, 0, "O", -1, 0.0)], LinkSpec(8.0, 0.0)).total_s == pytest.approx(2.0, abs=1e-3)
+
+
+def test_an_exchange_goes_at_its_measured_rate_between_and_beyond_the_sizes():
+    # 8 Mbps: 1 MB alone takes 1 s; measured exchanges: 1 MB in 1.5 s, 4 MB in 8 s (ratios 1.5 and 2)
+    link = LinkSpec(8.0, 10.0, exchange=((1_000_000, 1.5), (4_000_000, 8.0)))
+    assert link.exchange_seconds(1_000_000) == pytest.approx(1.5)
+    assert link.exchange_seconds(2_000_000) == pytest.approx(2.0 * 1.75)  # halfway in log bytes
+    assert link.exchange_seconds(100_000) == pytest.approx(0.1 * 1.5)  # held below the smallest size
+    assert link.exchange_seconds(16_000_000) == pytest.approx(16.0 * 2.0)  # and above the largest
+    assert LinkSpec(8.0).exchange_seconds(2_000_000) == pytest.approx(2.0)  # none measured: the bandwidth
+    # a sync's hops each exchange their share: 2 hops of 1 MB over 3 replicas
+    assert exchange_seconds(Sync(2_000_000, 2), link) == pytest.approx(2 * 1.5)
+    assert dp_sync_seconds({"all_gather": 1_000_000}, 2, link) == pytest.approx(1.5 + 0.01)
+
+
+def test_the_replay_prices_a_sync_at_the_exchange_rate():
+    acts = [Action(0, 0, "F", 0, 0.1, None, (0, "fwd", 0, 0), 100), Action(1, 0, "F", 0, 0.1, (0, "fwd", 0, 0)),
+            Action(1, 0, "B", 0, 0.1, None, (0, "bwd", 0, 0), 100), Action(1, 0, "O", -1, 0.0),
+            Action(0, 0, "B", 0, 0.1, (0, "bwd", 0, 0)), Action(0, 0, "O", -1, 0.0)]
+    plain, measured = LinkSpec(8.0, 10.0), LinkSpec(8.0, 10.0, exchange=((1_000_000, 1.6),))
+    sync = {(0, 0): Sync(wire_bytes=1_000_000, hops=1)}
+    assert simulate(acts, measured, sync).total_s == pytest.approx(simulate(acts, plain, sync).total_s + 0.6)
+
+
+@pytest.mark.parametrize("points", [((0, 1.0),), ((1000, 0.0),), ((2000, 1.0), (1000, 0.5))])
+def test_a_bad_exchange_table_is_refused(points):
+    with pytest.raises(ConfigError, match="LinkSpec.exchange"):
+        LinkSpec(8.0, exchange=points)
+    with pytest.raises(ConfigError, match="LinkSpec.exchange"):
+        LinkSpec(exchange=((1000, 1.0),))  # no bandwidth to take a ratio of

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import os
 import shutil
 import statistics
@@ -48,6 +49,9 @@ class LinkSpec:
     bandwidth_mbps: float | None = None  # megabits (10**6 bits) per second; None: infinitely fast
     latency_ms: float = 0.0  # one-way latency in milliseconds
     serialize_latency: bool = False  # True: stop-and-wait (each message pays latency after the previous one)
+    # measured (bytes, seconds) of exchanges that send both ways at once, as a collective between two replicas
+    # does (``actzip bench link``'s all-gathers, latency apart); empty: such an exchange goes at the bandwidth
+    exchange: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         bw = self.bandwidth_mbps
@@ -56,14 +60,36 @@ class LinkSpec:
         lat = self.latency_ms
         if isinstance(lat, bool) or not isinstance(lat, (int, float)) or lat < 0:
             raise ConfigError(f"LinkSpec.latency_ms must be a number >= 0, got {lat!r}")
+        points = tuple((int(n), float(t)) for n, t in self.exchange)
+        if points and (bw is None or any(n < 1 or not t > 0 for n, t in points)
+                       or any(a[0] >= b[0] for a, b in zip(points, points[1:]))):
+            raise ConfigError("LinkSpec.exchange takes (bytes, seconds) pairs of positive values in increasing "
+                              f"bytes, on a link with a bandwidth; got {self.exchange!r} at {bw!r} Mbit/s")
+        object.__setattr__(self, "exchange", points)
 
     def seconds(self, nbytes: int) -> float:
         """Time to put ``nbytes`` on the wire (without latency)."""
         return 0.0 if self.bandwidth_mbps is None else 8.0 * nbytes / (self.bandwidth_mbps * 1e6)
 
+    def exchange_seconds(self, nbytes: float) -> float:
+        """Time to put ``nbytes`` on the wire while the other direction carries as many (without latency): the
+        measured ``exchange`` times' ratio to :meth:`seconds`, interpolated in log bytes between the measured
+        sizes and held beyond them; :meth:`seconds` without measurements."""
+        alone = self.seconds(nbytes)
+        if not self.exchange or nbytes <= 0:
+            return alone
+        ratios = [(math.log(n), t / self.seconds(n)) for n, t in self.exchange]
+        x = math.log(nbytes)
+        if x <= ratios[0][0]:
+            return alone * ratios[0][1]
+        for (x0, r0), (x1, r1) in zip(ratios, ratios[1:]):
+            if x <= x1:
+                return alone * (r0 + (r1 - r0) * (x - x0) / (x1 - x0))
+        return alone * ratios[-1][1]
+
     def __str__(self) -> str:
         bw = "inf" if self.bandwidth_mbps is None else f"{self.bandwidth_mbps:g} Mbps"
-        return f"{bw}, {self.latency_ms:g} ms"
+        return f"{bw}, {self.latency_ms:g} ms" + (", exchanges as measured" if self.exchange else "")
 
 
 class LinkModel:

@@ -9,7 +9,9 @@ bandwidth``). Compute is what was measured; only the wire is modelled, so step t
 overlaps with what, and the same trace replays at any bandwidth.
 
 A stage's data-parallel sync before its optimizer update (a :class:`Sync`: its host work, the bytes it puts on
-the uplink and the one-way latencies of its hops) goes up the same uplink. Its bytes and the stage's messages
+the uplink and the one-way latencies of its hops) goes up the same uplink, at the rate the link gives an
+exchange that sends both ways at once where one was measured (``LinkSpec.exchange``: over a shaped link a
+collective's exchange is slower than one direction alone). Its bytes and the stage's messages
 still on the uplink when they arrive there share it equally, as two TCP connections through one shaper do: the
 sync takes longer, and those messages arrive later (messages their receiver has already taken are left as
 they were; in the schedules recorded here the receiver takes them only after the sync began).
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from actzip.wire.link import Action, LinkModel, LinkSpec, Timeline
 from actzip.wire.transport import WireError
 
-__all__ = ["Sync", "dp_sync", "dp_sync_seconds", "simulate"]
+__all__ = ["Sync", "dp_sync", "dp_sync_seconds", "exchange_seconds", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,18 @@ def dp_sync(payload: dict[str, int], replicas: int, host_s: float = 0.0) -> Sync
 
 def dp_sync_seconds(payload: dict[str, int], replicas: int, link: LinkSpec) -> float:
     """Wire time of one data-parallel sync of ``payload`` (see :func:`dp_sync`) over ``replicas`` joined by
-    ``link``, alone on the uplink: its bytes at the bandwidth and the latency of each hop."""
+    ``link``, alone on the uplink: its bytes as exchanges (:func:`exchange_seconds`) and the latency of each hop."""
     sync = dp_sync(payload, replicas)
-    return link.seconds(sync.wire_bytes) + sync.hops * link.latency_ms / 1e3
+    return exchange_seconds(sync, link) + sync.hops * link.latency_ms / 1e3
+
+
+def exchange_seconds(sync: Sync, link: LinkSpec) -> float:
+    """Time ``sync``'s bytes take on ``link`` without latency: each hop of a collective sends its part while it
+    receives its neighbour's, so each hop's bytes go at the link's measured exchange rate for their size
+    (:meth:`~actzip.wire.link.LinkSpec.exchange_seconds`; the bandwidth where none was measured)."""
+    if not sync.hops:
+        return link.seconds(sync.wire_bytes)
+    return sync.hops * link.exchange_seconds(sync.wire_bytes / sync.hops)
 
 
 class _Uplink:
@@ -79,7 +90,7 @@ class _Uplink:
         if not sync.wire_bytes and not sync.hops:
             return start + sync.host_s
         enter = start + sync.host_s + lat  # the first hop's latency, as the pipeline's messages pay it
-        alone = self.spec.seconds(sync.wire_bytes)
+        alone = exchange_seconds(sync, self.spec)
         self.sent = [m for m in self.sent if m[2] > enter]  # the messages still going up when the sync's bytes come
         backlog = sum(end - max(enter, s) for _, s, end, _ in self.sent)  # their seconds still to send
         shared = min(alone, backlog)  # both streams at half the rate until the shorter one is through

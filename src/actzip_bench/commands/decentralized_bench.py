@@ -32,6 +32,10 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
 
             with open(args.speed) as f:
                 record = with_speed(record, json.load(f))
+        if args.link_calibration:
+            from actzip_bench.decentralized import with_calibration
+
+            record = with_calibration(record, _probe(args.link_calibration))
         cfg = DecentralizedBenchConfig(**{k: tuple(tuple(x) for x in v) if k == "links" else
                                           tuple(v) if isinstance(v, list) else v for k, v in record["config"].items()})
         record["command"] = command_line(args)
@@ -45,6 +49,10 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
         given = {k: getattr(cfg, k) for k in DecentralizedBenchConfig.__dataclass_fields__
                  if getattr(args, k, None) is not None}
         cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), **given)
+    if args.link_calibration:
+        probe = _probe(args.link_calibration)
+        cfg = dataclasses.replace(cfg, exchange=tuple((g["bytes"], g["measured_s"]) for g in probe["gathers"]),
+                                  exchange_mbps=float(probe["config"]["mbps"]))
     console = Console(width=max(Console().width, 160))
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("training", total=len(cfg.seeds) * len(cfg.tasks) * len(cfg.methods))
@@ -65,6 +73,23 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
             raise
     record["command"] = command_line(args)
     return _report(record, cfg, args, console)
+
+
+def _probe(path: str) -> dict:
+    """An ``actzip bench link`` record with its all-gathers, or a clear error."""
+    import json
+
+    from actzip.errors import ConfigError
+
+    try:
+        with open(path) as f:
+            probe = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"bench decentralized --link-calibration: cannot read {path!r}: {e}") from None
+    if not isinstance(probe, dict) or not probe.get("gathers") or "mbps" not in probe.get("config", {}):
+        raise ConfigError(f"bench decentralized --link-calibration: {path!r} is not a `bench link` record with "
+                          "all-gathers")
+    return probe
 
 
 def _report(record: dict, cfg, args: argparse.Namespace, console) -> int:
@@ -119,6 +144,10 @@ def add_parsers(bench) -> None:
     db.add_argument("--keep-replay", action="store_const", const=True, dest="keep_replay",
                     help="keep each run's measured schedule in the record, so the link model can replay it "
                     "again (about a megabyte per 50 rows)")
+    db.add_argument("--link-calibration", dest="link_calibration", metavar="PATH",
+                    help="an `actzip bench link` record from the machine that runs (or ran, with --merge): each "
+                    "modelled link of its rate is replayed again with the syncs at its measured all-gather times "
+                    "(`... calibrated` links; with --merge the records must keep their schedule, --keep-replay)")
     db.add_argument("--methods", help="comma-separated methods (default all; docs/wire.md lists them, an unknown "
                     "name is refused with the list)")
     db.add_argument("--tasks", help="comma-separated tasks: domain, continual (default both)")
