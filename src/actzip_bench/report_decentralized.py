@@ -407,20 +407,24 @@ def _timings(first: str, rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def link_probe(root: Path) -> str:
-    """``bench link``'s record: each message size's and each all-gather's measured time against the model's."""
-    rec = json.loads((Path(root) / CPU_LINK).read_text())
-    c = rec["config"]
-    text = _timings("message bytes", rec["rows"]) + (
-        f"\n\n{c['mbps']:g} Mbit/s shaped by `{rec['shaping']}`, one message at a time after {c['idle_s']:g} s "
-        f"idle, median of {c['repeats']} {cite(CPU_LINK)}.")
-    if "gathers" not in rec:
-        return text
-    big = [r["model_s"] / r["measured_s"] - 1 for r in rec["gathers"] if r["bytes"] >= 1_000_000]
-    return (text + "\n\nTwo gloo ranks' all-gathers (the 4-bit sync's collective), each rank in a namespace with "
-            "its uplink shaped the same way, the slower rank's time:\n\n" + _timings("bytes a rank", rec["gathers"]) +
-            (f"\n\nFrom a megabyte a rank up the model is {pct(min(big))} to {pct(max(big))} off the measured "
-             "all-gather" if big else "") + f" {cite(CPU_LINK)}.")
+def link_probe(rel: str):
+    """A renderer of the ``bench link`` record at ``rel``: each message size's and each all-gather's measured
+    time against the model's."""
+    def render(root: Path) -> str:
+        rec = json.loads((Path(root) / rel).read_text())
+        c = rec["config"]
+        text = _timings("message bytes", rec["rows"]) + (
+            f"\n\n{c['mbps']:g} Mbit/s shaped by `{rec['shaping']}`, one message at a time after {c['idle_s']:g} s "
+            f"idle, median of {c['repeats']} {cite(rel)}.")
+        if "gathers" not in rec:
+            return text
+        big = [r["model_s"] / r["measured_s"] - 1 for r in rec["gathers"] if r["bytes"] >= 1_000_000]
+        return (text + "\n\nTwo gloo ranks' all-gathers (the 4-bit sync's collective), each rank in a namespace "
+                "with its uplink shaped the same way, the slower rank's time:\n\n" +
+                _timings("bytes a rank", rec["gathers"]) +
+                (f"\n\nFrom a megabyte a rank up the model is {pct(min(big))} to {pct(max(big))} off the measured "
+                 "all-gather" if big else "") + f" {cite(rel)}.")
+    return render
 
 
 def local_sync(root: Path) -> str:
@@ -459,4 +463,4 @@ RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-
                                                                                     "pca+quant"),
              "wire-decentralized-shaped-256": lambda root: shaped_calibration(root, CPU_SHAPED_256, "pca+quant")
              + " " + local_sync(root),
-             "wire-link-probe": link_probe}
+             "wire-link-probe": link_probe(CPU_LINK)}
