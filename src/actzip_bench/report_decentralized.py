@@ -41,6 +41,8 @@ CPU_SHAPED = ("results/cpu/decentralized-shaped-200.json", "results/cpu/decentra
 CPU_SHAPED_QUANT = ("results/cpu/decentralized-shaped-quant-200.json",)
 # and at width 256 on the CPU, one seed, domain (records with each step's measured sync)
 CPU_SHAPED_256 = ("results/cpu/decentralized-shaped-quant-256.json",)
+# those runs again with their schedules kept, replayed beside on a link calibrated by CPU_LINK's all-gathers
+CPU_SHAPED_256_CALIBRATED = ("results/cpu/decentralized-shaped-quant-256-calibrated.json",)
 CPU_LOCAL_256 = "results/cpu/decentralized-quant-256-local.json"  # the same runs with every rank on one host
 CPU_LINK = "results/cpu/link-200.json"  # bench link: messages alone over the shaped link, against the model
 # those methods on the shaped mesh with an H100 computing (width 512, 256-token windows), one seed, domain
@@ -463,4 +465,6 @@ RENDERERS = {"wire-decentralized-pca-reading": pca_reading, "wire-decentralized-
                                                                                     "pca+quant"),
              "wire-decentralized-shaped-256": lambda root: shaped_calibration(root, CPU_SHAPED_256, "pca+quant")
              + " " + local_sync(root),
+             "wire-decentralized-shaped-256-calibrated": lambda root: shaped_calibration(
+                 root, CPU_SHAPED_256_CALIBRATED, "pca+quant"),
              "wire-link-probe": link_probe(CPU_LINK)}
