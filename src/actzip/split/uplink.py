@@ -50,7 +50,7 @@ __all__ = ["COMPRESSORS", "DCT_BANDS", "DCT_GROUP", "DCT_HEADER", "Link", "Packe
            "pack_grad", "send", "unpack", "unpack_grad"]
 
 COMPRESSORS = ("random", "topk", "dct", "quant")
-DCT_BANDS = 32  # dct: bands a line or plane is cut into (fewer where it has fewer coefficients)
+DCT_BANDS = 8  # dct: bands a line or plane is cut into (fewer where it has fewer coefficients)
 DCT_GROUP = 256  # dct: coefficients of a band sharing one range (two float32: a quarter bit a coefficient)
 DCT_HEADER = 8  # dct: bytes naming the codec's bits (float64), so the server's gradient codec is the client's
 _QUANT_BITS = (8, 4, 2, 1)
