@@ -36,8 +36,8 @@ from actzip_bench.harness import machine_record
 from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
 
-__all__ = ["DecentralizedRunError", "merge_records", "pretrain", "replay_times", "run_decentralized", "set_targets",
-           "summarize", "with_calibration", "with_speed"]
+__all__ = ["DecentralizedRunError", "calibration_source", "merge_records", "pretrain", "replay_times",
+           "run_decentralized", "set_targets", "summarize", "with_calibration", "with_speed"]
 
 
 def pretrain(cfg: DecentralizedBenchConfig, seed: int, corpus, device: torch.device | None = None) -> list[dict]:
@@ -148,8 +148,12 @@ def with_calibration(record: dict, probe: dict) -> dict:
         rows.append(row)
     set_targets(rows, cfg.window)
     return {**record, "config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
-            "link_calibration": {"machine": probe.get("machine"), "command": probe.get("command"),
-                                 "shaping": probe.get("shaping")}}
+            "link_calibration": calibration_source(probe)}
+
+
+def calibration_source(probe: dict) -> dict:
+    """Where a record's link calibration came from: the ``bench link`` record's machine, command and shaping."""
+    return {"machine": probe.get("machine"), "command": probe.get("command"), "shaping": probe.get("shaping")}
 
 
 def set_targets(rows: list[dict], window: int) -> None:

@@ -287,12 +287,22 @@ def shaped_calibration(root: Path, rels: tuple[str, ...] = CPU_SHAPED, summarize
                f"{c['until_target']:g}`). Over {len(offs)} method-and-link entries the model's step is "
                f"{pct(min(offs))} to {pct(max(offs))} off the measured one")
     if cal_offs:
-        summary += (f", and with the syncs at the all-gather times `bench link` measured on the same machine "
+        summary += (f", and with the syncs at the all-gather times `bench link` measured {_probed_on(recs)} "
                     f"{pct(min(cal_offs))} to {pct(max(cal_offs))}")
     if ratios:
         summary += (f"; on the shaped link the best trivial wire's time to dense's loss over `{summarized}`'s is "
                     f"{min(ratios):.2f}x to {max(ratios):.2f}x (below 1: `{summarized}` later)")
     return "\n".join(out) + summary + " " + cite(*rels) + "."
+
+
+def _probed_on(recs: list[dict]) -> str:
+    """Where the records' link calibration was measured: on the machine that ran them, or which other one."""
+    key = lambda m: (m.get("host_cpu"), m.get("cores"))  # noqa: E731
+    probes = {key(r.get("link_calibration", {}).get("machine") or {}) for r in recs}
+    if probes == {key(r["machine"]) for r in recs}:
+        return "on the same machine"
+    return "on another machine (" + "; ".join(f"{cpu}, {n} cores" for cpu, n in sorted(probes, key=str)) + \
+        ": the same kernel's TCP under the same shaping)"
 
 
 def _decay(c: dict) -> str:

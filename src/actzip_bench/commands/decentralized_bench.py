@@ -72,6 +72,10 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
                 _report(e.record, done, args, console)
             raise
     record["command"] = command_line(args)
+    if args.link_calibration:
+        from actzip_bench.decentralized import calibration_source
+
+        record["link_calibration"] = calibration_source(probe)
     return _report(record, cfg, args, console)
 
 
