@@ -301,8 +301,7 @@ def _probed_on(recs: list[dict]) -> str:
     probes = {key(r.get("link_calibration", {}).get("machine") or {}) for r in recs}
     if probes == {key(r["machine"]) for r in recs}:
         return "on the same machine"
-    return "on another machine (" + "; ".join(f"{cpu}, {n} cores" for cpu, n in sorted(probes, key=str)) + \
-        ": the same kernel's TCP under the same shaping)"
+    return "on another machine (" + "; ".join(f"{cpu}, {n} cores" for cpu, n in sorted(probes, key=str)) + ")"
 
 
 def _decay(c: dict) -> str:
