@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from actzip.errors import ConfigError
 from actzip.split import equal_keep_ratios, keep_ratios, shapley
-from actzip.split.coalitions import coalition_values
+from actzip.split.coalitions import ABSENT, coalition_values
 from actzip.split.uplink import COMPRESSORS, least_ratio, send
 from actzip_bench.data.multimodal import MultimodalConfig
 from actzip_bench.split_suites import CLIENTS, SUITES, Suite, load_suite
@@ -73,6 +73,9 @@ class SplitSimConfig:
     test: int | None = None  # test samples after them (None: 1000 of the synthetic suite, else the rest)
     seeds: tuple[int, ...] = (0, 1, 2)
     policies: tuple[str, ...] = POLICIES
+    # ModalShare's stand-in for a modality outside a coalition (actzip.split.coalitions.ABSENT): "zeros" or
+    # "mean" (its features' batch mean)
+    absent: str = "zeros"
 
     def __post_init__(self) -> None:
         if self.dataset not in SUITES:
@@ -87,6 +90,8 @@ class SplitSimConfig:
             raise ConfigError(f"split sim: compression must be >= 1, got {self.compression}")
         if self.compressor not in COMPRESSORS:
             raise ConfigError(f"split sim: compressor must be one of {COMPRESSORS}, got {self.compressor!r}")
+        if self.absent not in ABSENT:
+            raise ConfigError(f"split sim: absent must be one of {ABSENT}, got {self.absent!r}")
         unknown = set(self.policies) - set(POLICIES)
         if unknown:
             raise ConfigError(f"split sim: unknown policies {sorted(unknown)}; known: {list(POLICIES)}")
@@ -120,7 +125,8 @@ class _Split(nn.Module):
         return self.server(torch.cat([a.flatten(1) for a in acts], dim=1))
 
 
-def _scores(policy: str, model: _Split, views: list[torch.Tensor], y: torch.Tensor) -> list[float]:
+def _scores(policy: str, model: _Split, views: list[torch.Tensor], y: torch.Tensor,
+            absent: str = "zeros") -> list[float]:
     """The policy's score per modality from the batch just received (``views`` detached)."""
     if policy == "equal-payload":
         return [1.0] * len(views)
@@ -130,7 +136,7 @@ def _scores(policy: str, model: _Split, views: list[torch.Tensor], y: torch.Tens
         leaves = [v.clone().requires_grad_() for v in views]
         grads = torch.autograd.grad(F.cross_entropy(model.serve(leaves), y), leaves)
         return [float(g.norm()) for g in grads]
-    return list(shapley(coalition_values(model.server, views, y), len(views)).values)
+    return list(shapley(coalition_values(model.server, views, y, absent=absent), len(views)).values)
 
 
 def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
@@ -161,7 +167,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
         down += sum(s.downlink_bytes for s in sent)
         if policy != "equal" and (step + 1) % cfg.refresh == 0:
             t0 = time.perf_counter()
-            scores = _scores(policy, model, [s.view.detach() for s in sent], y[idx])
+            scores = _scores(policy, model, [s.view.detach() for s in sent], y[idx], cfg.absent)
             scoring_s += time.perf_counter() - t0
             ratios = list(keep_ratios(scores, sizes, budget, floor=floor).ratios)
             history.append({"step": step + 1, "scores": scores, "ratios": ratios})

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from actzip.errors import ConfigError
 from actzip.split.allocation import equal_keep_ratios, keep_ratios
-from actzip.split.coalitions import coalition_values
+from actzip.split.coalitions import ABSENT, coalition_values
 from actzip.split.shapley import shapley
 from actzip.split.uplink import COMPRESSORS, Link, least_ratio, pack, pack_grad, unpack, unpack_grad
 
@@ -51,6 +51,9 @@ class SplitConfig:
     explore: float = 0.1  # share of its equal keep-ratio each modality keeps under ModalShare (see floor())
     value_bits: int = 16  # bits of a dense value (bf16): the budget's unit and the wire's dtype
     seed: int = 0  # the masks' and codecs' seeds derive from it
+    # ModalShare's stand-in for a modality outside a coalition (actzip.split.coalitions.ABSENT): "zeros" or
+    # "mean" (its features' batch mean)
+    absent: str = "zeros"
 
     def __post_init__(self) -> None:
         self.sizes = tuple(int(s) for s in self.sizes)
@@ -62,6 +65,8 @@ class SplitConfig:
             raise ConfigError(f"SplitConfig.policy must be one of {SPLIT_POLICIES}, got {self.policy!r}")
         if not self.compression >= 1:
             raise ConfigError(f"SplitConfig.compression must be >= 1, got {self.compression}")
+        if self.absent not in ABSENT:
+            raise ConfigError(f"SplitConfig.absent must be one of {ABSENT}, got {self.absent!r}")
         if self.refresh < 1 or not 0 <= self.explore <= 1:
             raise ConfigError(f"SplitConfig: refresh must be >= 1 and explore in [0, 1], got {self.refresh}, "
                               f"{self.explore}")
@@ -223,7 +228,7 @@ class SplitServer:
 
     def _refresh(self, client: int, views: list[torch.Tensor], labels: torch.Tensor) -> None:
         cfg = self.config
-        scores = shapley(coalition_values(self.model, views, labels, self.loss_fn), len(views))
+        scores = shapley(coalition_values(self.model, views, labels, self.loss_fn, cfg.absent), len(views))
         self.ratios[client] = list(keep_ratios(scores.values, cfg.sizes, cfg.budget,
                                                floor=cfg.floor(labels.shape[0])).ratios)
         self.history.append({"client": client, "step": self.steps[client], "scores": list(scores.values),

@@ -66,6 +66,8 @@ def add_parsers(bench) -> None:
                     "maps sent with space last (what SL-FAC's DCT runs along)")
     sb.add_argument("--channels", type=int, help="feature maps of a convolutional encoder (default 8)")
     sb.add_argument("--policies", help="comma-separated (default: equal,equal-payload,gradient-norm,std,modalshare)")
+    sb.add_argument("--absent", help="ModalShare's stand-in for a modality outside a coalition: zeros (default) or "
+                    "mean (its features' batch mean)")
     sb.add_argument("--steps", type=int)
     sb.add_argument("--refresh", type=int, help="steps between ModalShare's score refreshes")
     sb.add_argument("--explore", type=float, help="share of its equal keep-ratio every modality keeps under the "
