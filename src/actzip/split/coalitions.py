@@ -4,8 +4,8 @@ A coalition's value is the server model's negative loss on the batch just receiv
 modalities present, the others zero (``absent="zeros"``) or each sample's features replaced by their mean over
 the batch (``absent="mean"``: the batch's average of that modality, which the model was trained around, where a
 zero input may be one it never saw; a modality that carries nothing the model uses is then worth about nothing,
-where zeroing it can cost as much as zeroing a useful one). Evaluated as it reads, that is one server forward a coalition (``2**n`` of
-them). When the server's model begins with a ``Linear`` over the concatenated views (an ``nn.Sequential``
+where zeroing it can cost as much as zeroing a useful one). Evaluated as it reads, that is one server forward a
+coalition (``2**n`` of them). When the server's model begins with a ``Linear`` over the concatenated views (an ``nn.Sequential``
 whose first module is ``nn.Linear``, the usual split-learning head), a zeroed modality adds nothing to that
 layer's output, so each modality's part ``views[i] @ W[:, cols_i].T`` is computed once and a coalition's first
 layer is the bias plus its members' parts (and, with ``"mean"``, the others' parts' batch means, which is the
