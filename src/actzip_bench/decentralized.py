@@ -36,7 +36,7 @@ from actzip_bench.harness import machine_record
 from actzip_bench.models.gpt_stages import build_gpt_stages
 from actzip_bench.wire_config import Batches
 
-__all__ = ["DecentralizedRunError", "calibration_source", "merge_records", "pretrain", "replay_times",
+__all__ = ["DecentralizedRunError", "calibration_fields", "calibration_source", "merge_records", "pretrain", "replay_times",
            "run_decentralized", "set_targets", "summarize", "with_calibration", "with_speed"]
 
 
@@ -136,9 +136,7 @@ def with_calibration(record: dict, probe: dict) -> dict:
     if bare:
         raise ActzipError(f"bench decentralized --link-calibration: {len(bare)} rows keep no schedule to replay (run "
                           "with --keep-replay)")
-    config = {**record["config"], "exchange": [(g["bytes"], g["measured_s"]) for g in probe["gathers"]],
-              "exchange_mbps": float(probe["config"]["mbps"])}
-    cfg = DecentralizedBenchConfig(**_config_fields(config))
+    cfg = DecentralizedBenchConfig(**_config_fields({**record["config"], **calibration_fields(probe)}))
     rows = []
     for before in record["rows"]:
         row = {**before, "links": dict(before["links"])}
@@ -149,6 +147,12 @@ def with_calibration(record: dict, probe: dict) -> dict:
     set_targets(rows, cfg.window)
     return {**record, "config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
             "link_calibration": calibration_source(probe)}
+
+
+def calibration_fields(probe: dict) -> dict:
+    """The config fields an ``actzip bench link`` record calibrates: its all-gathers' (bytes, seconds) and rate."""
+    return {"exchange": tuple((g["bytes"], g["measured_s"]) for g in probe["gathers"]),
+            "exchange_mbps": float(probe["config"]["mbps"])}
 
 
 def calibration_source(probe: dict) -> dict:
@@ -428,5 +432,7 @@ def merge_records(records: list[dict]) -> dict:
     cfg = DecentralizedBenchConfig(**_config_fields({**first["config"], "seeds": seeds}))
     rows = [row for rec in records for row in rec["rows"]]
     set_targets(rows, cfg.window)  # from each row's own losses and times
+    shaping = {rec.get("shaping") for rec in records}  # the qdisc of a shaped link, when the records agree
     return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),
-            "machine": first["machine"], "merged_from": [rec.get("command") for rec in records]}
+            "machine": first["machine"], "merged_from": [rec.get("command") for rec in records],
+            **({"shaping": shaping.pop()} if len(shaping) == 1 and None not in shaping else {})}

@@ -135,10 +135,11 @@ def absent_ablation(root: Path) -> str:
     grids = {"synthetic": GRID, **DATASET_GRIDS}
     lines = ["| data set | compressor | compression | equal | best other | ModalShare, zeros | ModalShare, means "
              "| means − zeros | means − equal | means − best other |", "|---|---|---:|" + "---:|" * 7]
-    diffs, gains, margins = [], [], []
+    diffs, gains, margins, seeds = [], [], [], set()
     for path in sorted((root / ABSENT_MEAN).glob("*.json")):
         mean = load(root, f"{ABSENT_MEAN}/{path.name}")
         c = mean["config"]
+        seeds.add(len(c["seeds"]))
         cell = _grid(root, grids[c["dataset"]])[(c["compressor"], c["compression"])]
         m = cell["mean_accuracy"]
         best = max(v for p, v in m.items() if p not in ("modalshare", "equal"))
@@ -151,7 +152,7 @@ def absent_ablation(root: Path) -> str:
                      f"{gains[-1] * 100:+.1f} | {margins[-1] * 100:+.1f} |")
     if not diffs:
         raise ConfigError(f"figure: no records in {ABSENT_MEAN}")
-    lines += ["", f"Test accuracy, mean of 3 seeds, each grid's protocol; \"best other\": the best of the grid's "
+    lines += ["", f"Test accuracy, mean of {' or '.join(map(str, sorted(seeds)))} seeds, each grid's protocol; \"best other\": the best of the grid's "
               f"policies other than equal keep-ratios and ModalShare. Batch means against zeros: "
               f"{min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f} points over {len(diffs)} cells; ModalShare "
               f"with means against equal keep-ratios {min(gains) * 100:+.1f} to {max(gains) * 100:+.1f}, against "

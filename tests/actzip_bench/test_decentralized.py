@@ -77,6 +77,10 @@ def test_records_of_other_seeds_merge_into_one_and_bad_merges_are_named(record):
     merged = merge_records([record, other])
     assert list(merged["config"]["seeds"]) == [0, 1] and len(merged["rows"]) == 2 * len(record["rows"])
     assert all(a["seeds"] == 2 for a in merged["aggregate"])
+    assert "shaping" not in merged  # run on one host: no shaping to carry
+    shaped = [{**record, "shaping": "tbf"}, {**other, "shaping": "tbf"}]
+    assert merge_records(shaped)["shaping"] == "tbf"  # the records' qdisc, when they agree
+    assert "shaping" not in merge_records([shaped[0], {**other, "shaping": "netem"}])
     with pytest.raises(ActzipError, match="seeds repeat"):
         merge_records([record, record])
     changed = copy.deepcopy(other)

@@ -50,9 +50,10 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
                  if getattr(args, k, None) is not None}
         cfg = dataclasses.replace(DecentralizedBenchConfig.quick(), **given)
     if args.link_calibration:
+        from actzip_bench.decentralized import calibration_fields
+
         probe = _probe(args.link_calibration)
-        cfg = dataclasses.replace(cfg, exchange=tuple((g["bytes"], g["measured_s"]) for g in probe["gathers"]),
-                                  exchange_mbps=float(probe["config"]["mbps"]))
+        cfg = dataclasses.replace(cfg, **calibration_fields(probe))
     console = Console(width=max(Console().width, 160))
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("training", total=len(cfg.seeds) * len(cfg.tasks) * len(cfg.methods))
