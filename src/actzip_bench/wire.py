@@ -97,10 +97,18 @@ def train_entry(cfg: WireBenchConfig, entry: str, device: torch.device, corpus: 
     acts = pipe.actions
     fwd_b = sum(a.send_bytes for a in acts if a.kind == "F" and a.step < cfg.steps)
     bwd_b = sum(a.send_bytes for a in acts if a.kind == "B" and a.step < cfg.steps)
+    errors = [e for st in stages if (e := _rvq_error(st)) is not None]
     return {"entry": entry, "compressor": name, "ratio": ratio, "fwd_codec": fwd, "bwd_codec": bwd,
+            "rvq_relative_error": statistics.fmean(errors) if errors else None,
             "losses": pipe.losses, "val_loss": val, "actions": acts, "tokens": tokens,
             "bytes_per_token_fwd": fwd_b / (tokens * boundaries), "bytes_per_token_bwd": bwd_b / (tokens * boundaries),
             "wire_bytes_checked": sum(m.total("sent", "fwd") + m.total("sent", "bwd") for m in pipe.meters())}
+
+
+def _rvq_error(stage) -> float | None:
+    """The relative error of a stage's RVQ codes over the run (its sender's), if it quantizes them."""
+    measure = getattr(stage.sender, "rvq_relative_error", None)
+    return measure() if callable(measure) else None
 
 
 def _val_loss(pipe, corpus, cfg, device) -> float:
@@ -161,6 +169,7 @@ def summarize(cfg: WireBenchConfig, trained: list[dict], dense_bytes_per_token: 
                 "entry": t["entry"], "fwd_codec": t["fwd_codec"], "bwd_codec": t["bwd_codec"],
                 "measured_ratio_fwd": dense_bytes_per_token / t["bytes_per_token_fwd"],
                 "latency_ms": link.latency_ms, "val_loss": t["val_loss"], "total_time_s": tl.total_s,
+                "rvq_relative_error": t.get("rvq_relative_error"),
                 "loss_gap": None if target is None else finals[t["entry"]] / target - 1,
                 "speedup_to_target": (ref_time / ttt) if ref_time and ttt else None,
                 "steps_to_target": None if hit is None else hit + 1, "steps_run": len(t["losses"]),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from actzip.core.lr_schedule import check_lr_schedule
+from actzip.core.optim import OPTIMIZERS
 from actzip.errors import ActzipError, ConfigError
 from actzip.wire import PipelineConfig, Stage, WireCodec
 from actzip.wire.boundaries import format_boundary, parse_boundary_options
@@ -48,7 +49,10 @@ class WireBenchConfig:
     microbatches: int = 4  # per step
     batch_size: int = 16  # sequences per step
     steps: int = 600  # optimizer steps per run
-    lr: float = 1e-3  # AdamW learning rate
+    lr: float = 1e-3  # learning rate
+    # "adamw", or "muon": Muon on the hidden matrices (boundary projections included), AdamW on the rest, at the
+    # same rate (actzip.core.optim); the Subspace Networks reference and ResBM train with Muon
+    optimizer: str = "adamw"
     # "constant", or "cosine" (5% warm-up, cosine decay to lr / 10 over `steps`; a run training on past them
     # keeps lr / 10)
     lr_schedule: str = "constant"
@@ -95,6 +99,8 @@ class WireBenchConfig:
         if not 0 < self.smooth <= 1:
             raise ConfigError(f"WireBenchConfig.smooth must be in (0, 1], got {self.smooth!r}")
         check_lr_schedule("WireBenchConfig", self.lr_schedule, self.steps)
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"WireBenchConfig.optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.matmul_precision not in ("highest", "high", "medium"):
             raise ConfigError("WireBenchConfig.matmul_precision must be highest, high or medium, got "
                               f"{self.matmul_precision!r}")
@@ -185,7 +191,8 @@ def pipeline_config(cfg: WireBenchConfig, entry: str) -> PipelineConfig:
     boundary = "dense" if name in BYTE_CODECS or name == "dense" else format_boundary(name, {"ratio": ratio})
     return PipelineConfig(schedule=cfg.schedule, microbatches=cfg.microbatches, fwd_codec=fwd, bwd_codec=bwd,
                           lr=entry_lr(entry, cfg.lr), lr_schedule=cfg.lr_schedule, lr_steps=cfg.steps, seed=cfg.seed,
-                          boundary=boundary, timeout_s=cfg.timeout_s, stage_lr_scale=cfg.stage_lr_scale)
+                          boundary=boundary, timeout_s=cfg.timeout_s, stage_lr_scale=cfg.stage_lr_scale,
+                          optimizer=cfg.optimizer)
 
 
 def build_stages_for(cfg: GPTConfig, n_stages: int, name: str, ratio: float, seed: int,

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from actzip.compat import deprecated, warn_once
+from actzip.core.optim import make_optimizer
 from actzip.errors import ConfigError
 from actzip.wire.boundaries import BOUNDARIES, BoundaryReceiver, BoundarySender
 from actzip.wire.boundaries import parse_boundary_options as _parse_boundary_options
@@ -57,19 +58,14 @@ __all__ = ["Stage", "WireMeter", "exchange_backward", "message_nbytes", "run_cha
 
 
 def stage_optimizer(module: nn.Module, lr: float = 3e-4, weight_decay: float = 0.1,
-                    betas: tuple[float, float] = (0.9, 0.95)) -> torch.optim.AdamW:
-    """AdamW with weight decay on tensors of >= 2 dims only (matrices, embeddings), fused when all are on CUDA.
+                    betas: tuple[float, float] = (0.9, 0.95), optimizer: str = "adamw") -> torch.optim.Optimizer:
+    """AdamW with weight decay on tensors of >= 2 dims only (matrices, embeddings), fused when all are on CUDA;
+    ``optimizer="muon"``: Muon on the hidden matrices, AdamW on the rest (:func:`actzip.core.optim.make_optimizer`).
 
     Stiefel projections are in the list but never stepped by it: their gradient is taken away as soon as it
     is accumulated and applied on the manifold by ``after_optimizer_step``.
     """
-    params = [p for p in module.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    fused = bool(params) and all(p.is_cuda for p in params)
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=fused)
+    return make_optimizer(module, optimizer, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
 
 
 class Stage(nn.Module):
@@ -153,9 +149,10 @@ class Stage(nn.Module):
         if self.sender is not None:
             self.sender.request_resync()
 
-    def configure_optimizer(self, lr: float = 3e-4, weight_decay: float = 0.1, betas=(0.9, 0.95)):
-        """This stage's AdamW (:func:`stage_optimizer`)."""
-        return stage_optimizer(self, lr=lr, weight_decay=weight_decay, betas=betas)
+    def configure_optimizer(self, lr: float = 3e-4, weight_decay: float = 0.1, betas=(0.9, 0.95),
+                            optimizer: str = "adamw"):
+        """This stage's optimizer (:func:`stage_optimizer`)."""
+        return stage_optimizer(self, lr=lr, weight_decay=weight_decay, betas=betas, optimizer=optimizer)
 
 
 # ---- one-process chaining ------------------------------------------------------------------------------

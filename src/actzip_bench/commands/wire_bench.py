@@ -66,6 +66,8 @@ def add_parsers(bench) -> None:
     wb.add_argument("--lr", type=float)
     wb.add_argument("--lr-schedule", dest="lr_schedule", choices=["constant", "cosine"],
                     help="constant (default) or cosine: 5%% warm-up, decay to lr/10 over --steps")
+    wb.add_argument("--optimizer", choices=["adamw", "muon"],
+                    help="adamw (default) or muon: Muon on the hidden matrices, AdamW on the rest, at --lr")
     wb.add_argument("--stage-lr-scale", dest="stage_lr_scale",
                     help="one learning-rate factor per stage, comma-separated (0.3,1: the first stage at 0.3 lr)")
     wb.add_argument("--seed", type=int)

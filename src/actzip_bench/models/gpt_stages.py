@@ -24,10 +24,16 @@ from actzip.compat import deprecated
 from actzip.errors import ConfigError
 import actzip.wire as wire
 from actzip.wire import Stage, confine_to_subspace, make_boundary
-from actzip.wire.boundaries import BoundaryConfig, SubspaceConfig, SubspaceEmbedding, parse_boundary
+from actzip.wire.boundaries import (
+    BoundaryConfig,
+    SubspaceConfig,
+    SubspaceEmbedding,
+    adopt_sublayer,
+    parse_boundary,
+)
 from actzip_bench.models.gpt import GPT, GPTConfig
 
-__all__ = ["GPTEmbedding", "GPTSlice", "build_gpt_stages", "confine_gpt_block", "gpt_boundary_config",
+__all__ = ["BlockHalf", "GPTEmbedding", "GPTSlice", "build_gpt_stages", "confine_gpt_block", "gpt_boundary_config",
            "stage_layers"]  # and, for one release, the old names build_stages, boundary_config, split_gpt
 
 
@@ -90,12 +96,49 @@ def stage_layers(n_layer: int, n_stages: int) -> list[range]:
     return out
 
 
-def confine_gpt_block(block: nn.Module, U: torch.Tensor, dropout: float) -> None:
+def confine_gpt_block(block: nn.Module, U: torch.Tensor, dropout: float, zero_init: bool = False) -> None:
     """Keep a GPT block's residual writes in span(U) (what a ``subspace`` boundary needs): its attention and MLP
-    output projections become ``U W'``, their dropout moving onto the k coordinates."""
-    confine_to_subspace(block, U, ("attn.c_proj", "mlp.c_proj"), dropout)
+    output projections become ``U W'`` (``W'`` from zero with ``zero_init``), their dropout moving onto the k
+    coordinates."""
+    confine_to_subspace(block, U, ("attn.c_proj", "mlp.c_proj"), dropout, zero_init)
     block.attn.resid_dropout = nn.Identity()
     block.mlp.dropout = nn.Identity()
+
+
+class BlockHalf(nn.Module):
+    """One residual sublayer of a GPT block, ``x + sub(norm(x))``: the half a ``resbm`` bottleneck leaves in the
+    stage when its end takes the other half (the sender the last block's MLP, the receiver the next stage's first
+    attention)."""
+
+    def __init__(self, norm: nn.Module, sub: nn.Module) -> None:
+        super().__init__()
+        self.norm, self.sub = norm, sub
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.sub(self.norm(x))
+
+
+def _resbm_bodies(blocks: list[nn.Module], layers: list[range], ends: list) -> list[list[nn.Module]]:
+    """Each stage's blocks with a ``resbm`` bottleneck's ends holding the sublayers they take over."""
+    bodies = []
+    for i, span in enumerate(layers):
+        body = []
+        for j in span:
+            b = blocks[j]
+            takes_attn = i > 0 and j == span.start  # the receiver before this stage decodes into it
+            takes_mlp = i < len(layers) - 1 and j == span[-1]  # the sender after it encodes through it
+            if takes_attn:
+                adopt_sublayer(ends[i - 1][1], nn.Sequential(b.ln_1, b.attn))
+            if takes_mlp:
+                adopt_sublayer(ends[i][0], nn.Sequential(b.ln_2, b.mlp))
+            if not takes_attn and not takes_mlp:
+                body.append(b)
+            elif not takes_attn:
+                body.append(BlockHalf(b.ln_1, b.attn))
+            elif not takes_mlp:
+                body.append(BlockHalf(b.ln_2, b.mlp))
+        bodies.append(body)
+    return bodies
 
 
 def build_gpt_stages(cfg: GPTConfig, n_stages: int, boundary: str = "dense", *, ratio: float | None = None,
@@ -129,14 +172,18 @@ def build_gpt_stages(cfg: GPTConfig, n_stages: int, boundary: str = "dense", *, 
     if isinstance(bcfg, SubspaceConfig):
         confined = cfg.n_layer if bcfg.confine_last_stage else layers[-1].start
         for block in blocks[:confined]:
-            confine_gpt_block(block, embed.U, cfg.dropout)
+            confine_gpt_block(block, embed.U, cfg.dropout, bcfg.proj_init == "zero")
     last = n_stages - 1
+    if getattr(bcfg, "style", None) == "resbm":
+        bodies = _resbm_bodies(blocks, layers, ends)
+    else:
+        bodies = [[blocks[j] for j in span] for span in layers]
     return [
-        Stage(GPTSlice([blocks[j] for j in span], cfg, embed=embed if i == 0 else None,
+        Stage(GPTSlice(bodies[i], cfg, embed=embed if i == 0 else None,
                        head=(gpt.ln_f, gpt.lm_head) if i == last else None),
               sender=ends[i][0] if i < last else None, receiver=ends[i - 1][1] if i > 0 else None,
               input_ids=i == 0)
-        for i, span in enumerate(layers)
+        for i in range(n_stages)
     ]
 
 

@@ -235,3 +235,47 @@ def test_the_old_splitters_warn_once_and_build_the_same_stages():
         import actzip.wire.stages as old_module
 
         old_module.build_stages
+
+
+def test_resbm_bottleneck_takes_the_blocks_sublayers_and_trains(corpus):
+    cfg = GPTConfig.of_size("tiny", n_layer=4)
+    stages = build_gpt_stages(cfg, 2, "bottleneck", ratio=16, style="resbm")
+    s0, s1 = stages
+    # the sender encodes through the stage's last MLP, the receiver decodes into the next stage's first attention
+    assert [type(b).__name__ for b in s0.body.blocks] == ["Block", "BlockHalf"]
+    assert [type(b).__name__ for b in s1.body.blocks] == ["BlockHalf", "Block"]
+    assert type(s0.sender.sublayer[1]).__name__ == "MLP"
+    assert type(s0.body.blocks[1].sub).__name__ == "CausalSelfAttention"
+    assert type(s1.receiver.sublayer[1]).__name__ == "CausalSelfAttention"
+    assert type(s1.body.blocks[0].sub).__name__ == "MLP"
+    # the identity path: without its projections the code is the first b features of the stage's output
+    x = torch.randn(2, 8, cfg.n_embd)
+    with torch.no_grad():
+        s0.sender.enc.weight.zero_()
+        assert torch.equal(s0.sender(x)["code"], x[..., : s0.sender.cfg.width])
+    losses = _train(build_gpt_stages(cfg, 2, "bottleneck", ratio=16, style="resbm"), corpus, 30)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
+
+
+def test_resbm_single_block_stages_hand_both_halves_to_the_ends():
+    cfg = GPTConfig.of_size("tiny", n_layer=3)
+    stages = build_gpt_stages(cfg, 3, "bottleneck", ratio=8, style="resbm")
+    assert len(stages[1].body.blocks) == 0
+    meter = WireMeter()
+    run_chain(stages, _idx(2, 16), meter).sum().backward()
+    assert all(p.grad is not None for s in stages for p in s.parameters())
+
+
+def test_subspace_options_scale_the_embedding_and_zero_the_confined_layers():
+    stages = build_gpt_stages(TINY, 2, "subspace", ratio=32, proj_init="zero", fixed_std=1.0, learned_std=0.5)
+    emb = stages[0].body.embed
+    assert 0.9 < float(emb.fixed_tok.std()) < 1.1 and 0.4 < float(emb.tok.detach().std()) < 0.6
+    confined = stages[0].body.blocks[0].attn.c_proj
+    assert type(confined).__name__ == "SubspaceLinear" and not confined.weight.any()
+    # the ends still agree: the model-side options are not part of the boundary's header
+    plain = build_gpt_stages(TINY, 2, "subspace", ratio=32, fixed_std=1.0)
+    assert torch.equal(stages[0].sender.header, plain[1].receiver.header)
+    with pytest.raises(ConfigError, match="proj_init"):
+        build_gpt_stages(TINY, 2, "subspace", ratio=32, proj_init="orthogonal")
+    with pytest.raises(ConfigError, match="style"):
+        build_gpt_stages(TINY, 2, "bottleneck", ratio=32, style="autoencoder")

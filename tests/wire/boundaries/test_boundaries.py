@@ -220,3 +220,28 @@ def test_confine_to_subspace_keeps_a_module_output_in_span_u():
         confine_to_subspace(body, U, ["0"])
     with pytest.raises(ConfigError, match="no module 'head'"):
         confine_to_subspace(body, U, ["head"])
+
+
+def test_resbm_style_bottleneck_ends_and_their_sublayers():
+    from torch import nn
+
+    from actzip.wire.boundaries import adopt_sublayer
+
+    sender, receiver = make_boundary(boundary_config("bottleneck:8", n_embd=32, style="resbm"))
+    x = torch.randn(2, 5, 32)
+    msg = sender(x)
+    assert msg["code"].shape == (2, 5, 4)
+    rebuilt, _ = receiver(msg)
+    # the identity path: the code's first b features pass straight into the rebuilt activation's first b
+    with torch.no_grad():
+        receiver.sublayer[-1].weight.zero_()
+        receiver.sublayer[-1].bias.zero_()
+    assert torch.equal(receiver(msg)[0][..., :4], msg["code"])
+    assert not receiver(msg)[0][..., 4:].any()
+    adopt_sublayer(sender, nn.Identity())
+    assert isinstance(sender.sublayer, nn.Identity)
+    plain, _ = make_boundary(boundary_config("bottleneck:8", n_embd=32))
+    with pytest.raises(ConfigError, match="style='resbm'"):
+        adopt_sublayer(plain, nn.Identity())
+    with pytest.raises(ConfigError, match="nn.Module"):
+        adopt_sublayer(sender, lambda t: t)

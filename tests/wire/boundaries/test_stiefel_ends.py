@@ -215,3 +215,21 @@ def test_whole_anchors_on_a_tied_full_width_boundary_are_dense_plus_anchors():
         build_gpt_stages(CFG, 2, "stiefel", ratio=1.0, seed=0, anchor_whole="yes")
     with pytest.raises(ConfigError, match="anchor_whole=True needs anchors"):
         build_gpt_stages(CFG, 2, "stiefel", ratio=1.0, seed=0, anchor_whole=True, anchor_rank=0)
+
+
+def test_the_rvq_sender_measures_the_relative_error_of_its_training_codes():
+    stages = build_gpt_stages(GPTConfig.of_size("tiny"), 2, "stiefel-rvq:16", seed=0)
+    sender = stages[0].sender
+    seen = {}
+    sender.register_forward_hook(lambda m, args, out: seen.update(x=args[0]))
+    assert sender.rvq_relative_error() is None  # nothing quantized yet
+    with torch.no_grad():  # evaluation codes are not counted
+        run_chain(stages, torch.randint(0, 256, (2, 16)))
+    assert sender.rvq_relative_error() is None
+    run_chain(stages, torch.randint(0, 256, (2, 16))).sum().backward()
+    code = (seen["x"] @ sender.V).reshape(-1, sender.cfg.width).detach()
+    q = sender.book.quantize(code)[1]
+    expect = float((q - code).norm() / code.norm())
+    assert sender.rvq_relative_error() == pytest.approx(expect, rel=1e-5)
+    plain = build_gpt_stages(GPTConfig.of_size("tiny"), 2, "stiefel:16", seed=0)[0].sender
+    assert plain.rvq_relative_error() is None

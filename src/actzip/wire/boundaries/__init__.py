@@ -24,6 +24,7 @@ from actzip.wire.boundaries.build import (
     parse_boundary,
     parse_boundary_options,
 )
+from actzip.wire.boundaries.bottleneck import BottleneckReceiver, BottleneckSender, adopt_sublayer
 from actzip.wire.boundaries.config import (
     BottleneckConfig,
     BoundaryConfig,
@@ -45,8 +46,8 @@ from actzip.wire.boundaries.subspace import (
 from actzip.wire.protocol import id_bytes
 
 __all__ = [
-    "BOUNDARIES", "BottleneckConfig", "BoundaryConfig", "BoundaryEnd", "BoundaryReceiver", "BoundarySender",
+    "BOUNDARIES", "BottleneckConfig", "BottleneckReceiver", "BottleneckSender", "BoundaryConfig", "BoundaryEnd", "BoundaryReceiver", "BoundarySender",
     "DenseConfig", "PCAConfig", "PCAReceiver", "PCASender", "StiefelConfig", "StiefelReceiver", "StiefelSender", "SubspaceConfig", "SubspaceEmbedding",
-    "SubspaceLinear", "boundary_config", "code_width", "confine_to_subspace", "format_boundary", "id_bytes",
+    "SubspaceLinear", "adopt_sublayer", "boundary_config", "code_width", "confine_to_subspace", "format_boundary", "id_bytes",
     "make_boundary", "parse_boundary", "parse_boundary_options", "principal_basis", "subspace_tensors",
 ]

@@ -29,6 +29,7 @@ from actzip.wire.stiefel import RETRACTIONS
 __all__ = ["BottleneckConfig", "BoundaryConfig", "DenseConfig", "PCAConfig", "StiefelConfig", "SubspaceConfig",
            "code_width"]
 
+BOTTLENECK_STYLES = ("linear", "resbm")
 _CODE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -134,19 +135,28 @@ class SubspaceConfig(BoundaryConfig):
     """Subspace Networks: every boundary tensor minus a fixed embedding lies in span(U), U fixed d x k."""
 
     kind: ClassVar[str] = "subspace"
-    local_fields: ClassVar[tuple[str, ...]] = ("confine_last_stage",)
+    # only the model's side uses them (the learned embedding, the confined layers), not the boundary's ends
+    local_fields: ClassVar[tuple[str, ...]] = ("confine_last_stage", "learned_std", "proj_init")
 
     vocab_size: int = 256  # token ids on the side channel index the fixed embedding
     block_size: int = 256  # rows of the fixed position embedding (positions cost nothing: 0..T-1)
     fixed_std: float = 0.02  # std of the fixed high-rank token and position embeddings
+    learned_std: float = 0.02  # initial std of the learned token and position embeddings in span(U) (k values)
+    # initial W' of the confined layers (U W'): "projected", U^T times the dense layer's initial weights;
+    # "zero", as the Subspace Networks reference starts every residual writer
+    proj_init: str = "projected"
     confine_last_stage: bool = False  # also confine the last stage's blocks (no boundary follows them)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_int("SubspaceConfig", "vocab_size", self.vocab_size)
         _check_int("SubspaceConfig", "block_size", self.block_size)
-        if isinstance(self.fixed_std, bool) or not isinstance(self.fixed_std, (int, float)) or self.fixed_std < 0:
-            raise ConfigError(f"SubspaceConfig.fixed_std must be a non-negative number, got {self.fixed_std!r}")
+        for name in ("fixed_std", "learned_std"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ConfigError(f"SubspaceConfig.{name} must be a non-negative number, got {v!r}")
+        if self.proj_init not in ("projected", "zero"):
+            raise ConfigError(f"SubspaceConfig.proj_init must be 'projected' or 'zero', got {self.proj_init!r}")
 
     @property
     def needs_ids(self) -> bool:
@@ -158,9 +168,20 @@ class SubspaceConfig(BoundaryConfig):
 
 @dataclass
 class BottleneckConfig(BoundaryConfig):
-    """ResBM: z = x[..., :b] + enc(LN(x)) on the sender, x = [z, 0] + dec(z) on the receiver."""
+    """ResBM: an encoder added to the identity path ``x[..., :b]`` on the sender, a decoder on the receiver (the
+    ends and their two styles are in :mod:`actzip.wire.boundaries.bottleneck`)."""
 
     kind: ClassVar[str] = "bottleneck"
+
+    # "linear": z = x[:b] + enc(LN(x)), x = [z, 0] + dec(z), projections from zero; "resbm": the published
+    # architecture, z = x[:b] + enc(SiLU(sublayer(x))), x = [z, 0] + sublayer(ReLU(dec(z))), projections from
+    # normal(0, 0.02), the sublayers the model's own where a split gives them (the reference GPT's does)
+    style: str = "linear"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.style not in BOTTLENECK_STYLES:
+            raise ConfigError(f"BottleneckConfig.style must be one of {list(BOTTLENECK_STYLES)}, got {self.style!r}")
 
 
 @dataclass

@@ -57,6 +57,14 @@ class StiefelSender(BoundarySender):
         if cfg.rvq is not None:
             self.book = RVQCodebook(cfg.rvq)
             self.learner = RVQLearner(self.book)
+            # squared error of the quantized training codes and their squared norm, summed on the device
+            self.register_buffer("rvq_err", torch.zeros(2), persistent=False)
+
+    def rvq_relative_error(self) -> float | None:
+        """``||q - c|| / ||c||`` over every training code quantized so far (one host read); None without RVQ."""
+        if self.cfg.rvq is None or not float(self.rvq_err[1]):
+            return None
+        return float((self.rvq_err[0] / self.rvq_err[1]).sqrt())
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         cfg = self.cfg
@@ -83,6 +91,9 @@ class StiefelSender(BoundarySender):
         idx, q, inputs = self.book.quantize(flat)
         if self.training and torch.is_grad_enabled():
             self.learner.observe(idx, inputs)
+            with torch.no_grad():
+                c = flat.detach().float()
+                self.rvq_err += torch.stack(((q - c).square().sum(), c.square().sum()))
         port = straight_through(flat.float(), q, cfg.rvq.commitment).view(B, T, k)
         msg = self._message(port.to(cfg.code_dtype or torch.float32), ids, vocab)
         state = [self.book.version, self.book.checksum, B, T]

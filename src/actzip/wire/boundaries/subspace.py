@@ -61,8 +61,8 @@ class SubspaceEmbedding(SubspaceBasis):
 
     def __init__(self, cfg: SubspaceConfig, dropout: float = 0.0) -> None:
         super().__init__(cfg)
-        self.tok = nn.Parameter(torch.randn(cfg.vocab_size, cfg.width) * 0.02)
-        self.pos = nn.Parameter(torch.randn(cfg.block_size, cfg.width) * 0.02)
+        self.tok = nn.Parameter(torch.randn(cfg.vocab_size, cfg.width) * cfg.learned_std)
+        self.pos = nn.Parameter(torch.randn(cfg.block_size, cfg.width) * cfg.learned_std)
         self.drop = nn.Dropout(dropout)  # applied in the k-dim coordinates, so x stays in the subspace
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -76,24 +76,29 @@ class SubspaceLinear(nn.Module):
     Dropout acts on the k coordinates (so the output stays in the subspace).
     """
 
-    def __init__(self, U: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dropout: float = 0.0):
+    def __init__(self, U: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dropout: float = 0.0,
+                 zero_init: bool = False):
         super().__init__()
         self.register_buffer("U", U, persistent=False)
-        # Start from the projection of the dense layer's initial weights onto the subspace.
-        self.weight = nn.Parameter(U.t() @ weight.detach())
-        self.bias = None if bias is None else nn.Parameter(U.t() @ bias.detach())
+        # Start from the projection of the dense layer's initial weights onto the subspace, or from zero.
+        scale = 0.0 if zero_init else 1.0
+        self.weight = nn.Parameter(U.t() @ weight.detach() * scale)
+        self.bias = None if bias is None else nn.Parameter(U.t() @ bias.detach() * scale)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.drop(F.linear(h, self.weight, self.bias)) @ self.U.t()
 
 
-def confine_to_subspace(module: nn.Module, U: torch.Tensor, linears: Iterable[str], dropout: float = 0.0) -> None:
+def confine_to_subspace(module: nn.Module, U: torch.Tensor, linears: Iterable[str], dropout: float = 0.0,
+                        zero_init: bool = False) -> None:
     """Replace each ``nn.Linear`` of ``module`` named in ``linears`` (fqns) by a :class:`SubspaceLinear` on ``U``.
 
     Give it the layers that write into the residual stream (a transformer block's attention and MLP output
     projections), so that the stream stays in span(U) and a ``subspace`` boundary passes it exactly. ``dropout``
     moves into the new layers (on the k coordinates); a dropout after them must then be removed by the caller.
+    ``zero_init``: the new layers start at zero (``SubspaceConfig.proj_init="zero"``), else at the projection
+    of the old ones.
     """
     if not isinstance(U, torch.Tensor) or U.dim() != 2:
         raise ConfigError(f"confine_to_subspace: U must be a (d, k) matrix, got {getattr(U, 'shape', U)!r}")
@@ -107,7 +112,7 @@ def confine_to_subspace(module: nn.Module, U: torch.Tensor, linears: Iterable[st
         if not isinstance(lin, nn.Linear) or lin.out_features != U.shape[0]:
             raise ConfigError(f"confine_to_subspace: {fqn!r} must be an nn.Linear with out_features = U's "
                               f"{U.shape[0]} rows, got {lin!r}")
-        setattr(parent, child, SubspaceLinear(U, lin.weight, lin.bias, dropout))
+        setattr(parent, child, SubspaceLinear(U, lin.weight, lin.bias, dropout, zero_init))
 
 
 class SubspaceSender(BoundarySender):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from actzip.api import Config
 from actzip.compat import warn_once
 from actzip.core.lr_schedule import check_lr_schedule
+from actzip.core.optim import OPTIMIZERS
 from actzip.errors import ConfigError
 from actzip.wire.boundaries import format_boundary, parse_boundary
 from actzip.wire.codecs import WireCodec
@@ -35,7 +36,10 @@ class PipelineConfig(Config):
     fwd_codec: str | None = None  # codec spec for activations sent forward; None: codec
     bwd_codec: str | None = None  # codec spec for gradients sent backward; None: codec
     timeout_s: float = 60.0  # longest wait for a message from a peer before a WireTimeoutError
-    lr: float = 1e-3  # AdamW learning rate (each stage has its own optimizer)
+    lr: float = 1e-3  # learning rate (each stage has its own optimizer)
+    # "adamw", or "muon": Muon on the hidden matrices (boundary projections included), AdamW on embeddings, the
+    # output head, biases and norms, at the same rate (see actzip.core.optim)
+    optimizer: str = "adamw"
     # "constant", or "cosine": 5% linear warm-up, then cosine decay to lr / 10 over lr_steps optimizer steps
     # (see actzip.core.lr_schedule); a stage's own optimizer (configure_optimizer) follows it too
     lr_schedule: str = "constant"
@@ -59,6 +63,8 @@ class PipelineConfig(Config):
         if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
             raise ConfigError(f"PipelineConfig.timeout_s must be a positive number of seconds, got {t!r}")
         check_lr_schedule("PipelineConfig", self.lr_schedule, self.lr_steps)
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"PipelineConfig.optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.compressor is not None or self.ratio is not None:
             warn_once("PipelineConfig(compressor=..., ratio=...)", "PipelineConfig(boundary='name:ratio')")
             name = self.compressor or parse_boundary(self.boundary or "dense")[0]

@@ -98,8 +98,10 @@ class StageWorker:
         self.bwd_send = None if self.first else WireCodec(cfg.bwd_spec, direction="bwd", seed=base + 1)
         own = getattr(module, "configure_optimizer", None)  # a stage may know better (e.g. Stiefel parameters)
         lr = cfg.stage_lr(stage, n_stages)
-        self.optimizer = (own(lr=lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas)) if callable(own)
-                          else stage_optimizer(module, lr=lr, weight_decay=cfg.weight_decay, betas=cfg.betas))
+        kind = {} if cfg.optimizer == "adamw" else {"optimizer": cfg.optimizer}  # a user's method may lack it
+        self.optimizer = (own(lr=lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), **kind)
+                          if callable(own) else stage_optimizer(module, lr=lr, weight_decay=cfg.weight_decay,
+                                                                betas=cfg.betas, optimizer=cfg.optimizer))
         self.lr_scheduler = lr_scheduler(self.optimizer, cfg.lr_schedule, cfg.lr_steps, "PipelineConfig")
         self.loss_fn = loss_fn or lm_loss
         self.actions: list[Action] = []
