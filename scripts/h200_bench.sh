@@ -31,7 +31,9 @@
 #   shape's 4-bit-sync methods on the shaped link, dense off it; after netns-probe),
 #   netns-probe (whether the shaped mesh can run there, with a carried iproute2), link-probe (bench link there;
 #   after netns-probe),
-#   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average)
+#   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average),
+#   wire-paper-ablation (-s1, -s2, -4stages: the subspace and bottleneck boundaries' differences from their
+#   papers, one at a time, 124M, 1200 steps, one seed a stage)
 set -uo pipefail
 out=${1:?output directory}; shift
 stages=${*:-tests kernels ffn gpt bits demo quant cache lora wire}
@@ -356,6 +358,16 @@ for stage in $stages; do
       done
       wait
       rm -f "$out"/pca-average-s*.png; tail -n 3 "$out"/pca-average-s*.log ;;
+    wire-paper-ablation|wire-paper-ablation-s1|wire-paper-ablation-s2|wire-paper-ablation-4stages)
+      # the subspace and bottleneck boundaries with each difference from their papers changed alone and all
+      # together, dense beside under both optimizers (scripts/wire_ablation.sh paper): the 124M GPT, 1200
+      # fresh-window steps at dense's best 1200-step rate, every variant of a seed at once on the one GPU (losses
+      # only); seed 0, or -s1 / -s2, or 4 stages (seed 0)
+      seed=0; n=2; case $stage in *-s1) seed=1 ;; *-s2) seed=2 ;; *-4stages) n=4 ;; esac
+      SEEDS=$seed bash scripts/wire_ablation.sh paper "$out/wire-paper-ablation-${n}st" 12 --model gpt2-124m \
+        --block-size 256 --batch-size 32 --microbatches 8 --steps 1200 --lr 1e-4 --corpus-bytes 16000000 \
+        --device cuda --matmul-precision high --bandwidths 200 --stages $n
+      tail -qn 4 "$out/wire-paper-ablation-${n}st"/*.log | grep -v '^$' | tail -n 40 ;;
     wire-nccl)  # 2 GPUs, one process each (not in the default list); NVLink multicast stays off
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
         az bench wire --mode processes --device cuda --model gpt2-124m --block-size 256 --stages 2 --batch-size 32 \

@@ -23,7 +23,8 @@ from actzip.errors import ConfigError
 from actzip_bench import (figures_compressors_docs, figures_ffn_public, figures_grpo, figures_kernel_variants,
                           figures_link_calibration, figures_lora_docs, figures_mask_keep, figures_memory,
                           figures_memory_docs, figures_one_liner, figures_presets_seeds, figures_prompt, figures_split,
-                          figures_wire, figures_wire_baselines, figures_wire_docs, report_decentralized)
+                          figures_wire, figures_wire_baselines, figures_wire_docs, figures_wire_paper,
+                          report_decentralized)
 
 RENDERERS = {**figures_memory.RENDERERS, **figures_wire.RENDERERS, **figures_wire_baselines.RENDERERS,
              **figures_memory_docs.RENDERERS, **figures_lora_docs.RENDERERS, **figures_wire_docs.RENDERERS,
@@ -31,7 +32,7 @@ RENDERERS = {**figures_memory.RENDERERS, **figures_wire.RENDERERS, **figures_wir
              **figures_ffn_public.RENDERERS, **figures_one_liner.RENDERERS, **report_decentralized.RENDERERS,
              **figures_link_calibration.RENDERERS, **figures_grpo.RENDERERS,
              **figures_mask_keep.RENDERERS, **figures_kernel_variants.RENDERERS, **figures_split.RENDERERS,
-             **figures_prompt.RENDERERS}
+             **figures_prompt.RENDERERS, **figures_wire_paper.RENDERERS}
 
 BLOCK = re.compile(r"<!-- figure: (?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /figure -->", re.S)
 OPEN, CLOSE = re.compile(r"<!-- figure:"), re.compile(r"<!-- /figure -->")
