@@ -33,7 +33,8 @@ def test_gaps_are_against_the_seeds_own_dense_runs(tmp_path):
     assert row == "| subspace, all three (the paper's recipe) | 96.3 | +10.0% (+10.0% to +10.0%) | " \
                   "+22.2% (+22.2% to +22.2%) | +20.0% (+20.0% to +20.0%) |"
     assert "bottleneck" not in text and "seeds 0, 1" in text and "124M" not in text
-    # a device folder shows up once it holds records
+    assert "4 stages" not in text
+    # a further folder shows up once it holds records
     _write(tmp_path, "results/h200/wire-paper-ablation-2st", "dense", 0, 1.0, 1.0)
     assert "124M GPT (12 blocks" in wire_paper_ablation(tmp_path)
 
