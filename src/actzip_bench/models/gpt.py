@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from actzip.memory.cache.rebuild import rebuild_saved, recompute
 
 from actzip.compat import warn_once
+from actzip.core.optim import make_optimizer
 from actzip.errors import ConfigError
 
 __all__ = ["GPTConfig", "CausalSelfAttention", "MLP", "Block", "GPT", "ACTIVATIONS"]
@@ -329,14 +330,6 @@ class GPT(nn.Module):
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
     ) -> torch.optim.AdamW:
-        """AdamW with weight decay on matrices and embeddings (>= 2 dims) only, never on biases/norms."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        # The fused kernel is CUDA-only and needs every parameter on the device.
-        fused = bool(params) and all(p.is_cuda for p in params)
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+        """AdamW with weight decay on matrices and embeddings (>= 2 dims) only, never on biases/norms, fused on CUDA
+        (:func:`actzip.core.optim.make_optimizer`)."""
+        return make_optimizer(self, "adamw", lr=lr, weight_decay=weight_decay, betas=betas)
