@@ -128,8 +128,8 @@ def test_a_width_coarser_than_the_bands_spread_is_skipped_for_a_finer_one():
 
 def test_shared_ranges_cost_one_pair_a_group():
     x = _smooth(256, 64)
-    alone = actzip.codecs.get("dct", bits=4, bands=8, rounding="nearest").encode(x)
-    shared = actzip.codecs.get("dct", bits=4, bands=8, group_size=256, rounding="nearest").encode(x)
+    alone = actzip.codecs.get("dct", bits=4, bands=8, rounding="nearest", group_by="line").encode(x)
+    shared = actzip.codecs.get("dct", bits=4, bands=8, group_size=256, rounding="nearest", group_by="line").encode(x)
     assert shared.nbytes < alone.nbytes
     for p, group in ((alone, 8), (shared, 256)):
         pairs = sum(t.numel() for k, t in p.buffers.items() if k.endswith("_lo"))
@@ -170,3 +170,47 @@ def test_forced_bands_and_costs_in_the_allocation():
         actzip.codecs.get("dct", bands=4, min_bands=5)
     with pytest.raises(ConfigError, match="budget"):
         actzip.codecs.get("dct", budget="bytes")
+
+
+def test_groups_by_coefficient_give_each_frequency_its_own_ranges():
+    g = torch.Generator().manual_seed(5)
+    # non-negative maps (after a ReLU): their lowest coefficient is large and one-signed, the rest zero-centred
+    x = torch.relu(torch.randn(512, 8, 4, 8, generator=g) + 0.5)
+    rel = {}
+    for by in ("coefficient", "line"):
+        codec = actzip.codecs.get("dct", bits=0.5, bands=8, dims=2, group_size=256, budget="payload", min_bands=1,
+                                  group_by=by, seed=1)
+        p = codec.encode(x)
+        assert p.nbytes <= 0.5 * x.numel() / 8 and p.meta["group_by"] == by
+        rel[by] = float((codec.decode(p) - x).square().sum() / x.square().sum())
+        pairs = sum(t.numel() for k, t in p.buffers.items() if k.endswith("_lo"))
+        sent = [(b - a) for a, b, k in zip(p.meta["edges"], p.meta["edges"][1:], p.meta["band_bits"]) if k]
+        assert pairs == sum(-(-w * 512 * 8 // 256) for w in sent)  # whole groups, one pair each, either way
+    assert rel["coefficient"] < 0.9 * rel["line"]
+    # fewer lines than a group: each coefficient's lines are one group (rounded up to 8)
+    small = actzip.codecs.get("dct", bits=8, bands=2, group_size=256, rounding="nearest").encode(torch.randn(20, 16))
+    assert all(band[0]["group_size"] == 24 for band in small.meta["bands"] if band)
+    with pytest.raises(ConfigError, match="group_by"):
+        actzip.codecs.get("dct", group_by="plane")
+
+
+def test_adaptive_bands_keep_the_cut_of_least_expected_error_and_spend_the_budget_finer():
+    g = torch.Generator().manual_seed(6)
+    x = torch.relu(torch.randn(128, 8, 48, generator=g).cumsum(-1) / 4)  # smooth non-negative lines
+    budget = 0.5 * x.numel() / 8
+    fixed = actzip.codecs.get("dct", bits=0.5, bands=8, group_size=256, budget="payload", min_bands=1, seed=2)
+    adapt = actzip.codecs.get("dct", bits=0.5, bands=8, max_bands=64, group_size=256, budget="payload",
+                              min_bands=1, seed=2)
+    pf, pa = fixed.encode(x), adapt.encode(x)
+    assert pa.nbytes <= budget and len(pa.meta["edges"]) - 1 in (8, 16, 32)  # 64 > the 48 coefficients a line
+    assert pa.nbytes >= pf.nbytes  # finer steps: no less of the budget spent
+    err = {k: float((c.decode(p) - x).square().sum()) for k, c, p in (("f", fixed, pf), ("a", adapt, pa))}
+    assert err["a"] < err["f"]
+    assert adapt.least_bytes(tuple(x.shape)) < fixed.least_bytes(tuple(x.shape))  # the narrowest lowest band
+    tight = actzip.codecs.get("dct", bits=8 * adapt.least_bytes(tuple(x.shape)) / x.numel(), bands=8, max_bands=64,
+                              group_size=256, budget="payload", min_bands=1)
+    assert tight.encode(x).meta["band_bits"][0] > 0  # what least_bytes promises
+    assert actzip.codecs.get("dct", max_bands=16).options()["max_bands"] == 16
+    for bad in (4, 2.5, True):
+        with pytest.raises(ConfigError, match="max_bands"):
+            actzip.codecs.get("dct", bands=8, max_bands=bad)

@@ -5,13 +5,19 @@ height and width) every line or plane of the tensor is taken through an orthonor
 :func:`idct`, through ``torch.fft``, so on any device). Its ``L`` coefficients, in order of frequency (a plane's
 in zig-zag order: by the sum of its two frequencies), are cut into ``bands`` contiguous bands of (nearly) equal
 width; each band's energy is the mean square of its coefficients over the whole tensor. Each band is coded by the
-``quant`` codec (min-max groups of ``group_size`` of the band's coefficients, one line's after another,
-stochastic rounding) at a width from {0, 1, 2, 4, 8} bits a coefficient: greedily, the largest drop of the
-expected squared error per bit spent first, until the budget of ``bits`` a coefficient on average is spent. The
-error of a band is its energy unsent and, sent at ``k`` bits, its groups' mean squared span times
-``1 / (6 (2**k - 1)**2)`` (stochastic rounding's mean; nearest's is half that): measured on the tensor, so a
-width whose steps are coarser than the band's own spread (one bit of a wide range) is not spent on it. A band
-given 0 bits is not sent and decodes to zero. With ``budget="codes"`` the budget counts the codes only: a group's
+``quant`` codec (min-max groups of ``group_size`` values, stochastic rounding) at a width from {0, 1, 2, 4, 8}
+bits a coefficient: greedily, the largest drop of the expected squared error per bit spent first, until the
+budget of ``bits`` a coefficient on average is spent. A group holds one coefficient's values over consecutive
+lines (``group_by="coefficient"``, the default: each frequency gets its own ranges, so the large one-signed
+lowest coefficient of a non-negative feature map does not widen the range of the zero-centred ones beside it),
+or runs along one line's band, then the next line's (``group_by="line"``). The error of a band is its energy
+unsent and, sent at ``k`` bits, its groups' mean squared span times ``1 / (6 (2**k - 1)**2)`` (stochastic
+rounding's mean; nearest's is half that): measured on the tensor, so a width whose steps are coarser than the
+band's own spread (one bit of a wide range, which can add more error than the band holds) is not spent on it.
+A band given 0 bits is not sent and decodes to zero. With ``max_bands`` the decomposition adapts too (SL-FAC's
+adaptive frequency decomposition): the codec cuts the spectrum into ``bands``, twice as many, ... up to
+``max_bands`` bands, allocates each cut the same way and keeps the one whose expected error is least (finer
+bands let a small budget be spent in smaller steps). With ``budget="codes"`` the budget counts the codes only: a group's
 minimum and span (two float32) add ``64 / group_size`` bits a sent coefficient. With ``budget="payload"`` a band's
 cost is every bit it adds to the payload (its codes with their padding and its groups' ranges), so the payload
 holds at most ``bits * numel / 8`` bytes of buffers: what a link with a byte budget needs. ``min_bands`` bands
@@ -40,10 +46,11 @@ from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
 from actzip.errors import ConfigError
 
-__all__ = ["BAND_BITS", "BUDGETS", "DCTCodec", "allocate_bits", "dct", "frequency_order", "idct"]
+__all__ = ["BAND_BITS", "BUDGETS", "DCTCodec", "GROUPINGS", "allocate_bits", "dct", "frequency_order", "idct"]
 
 BAND_BITS = (0, 1, 2, 4, 8)  # bits a coefficient a band may get (0: the band is not sent)
 BUDGETS = ("codes", "payload")  # what the average bits count: the codes only, or every byte of the payload
+GROUPINGS = ("coefficient", "line")  # what a quant group runs over: one coefficient's lines, or one line's band
 
 
 def dct(x: torch.Tensor) -> torch.Tensor:
@@ -132,8 +139,12 @@ class DCTCodec(Codec):
       bands: spectral bands a line is cut into (1 to the line's length).
       axis: the axis the DCT runs along (``dims=1``).
       dims: 1 (lines along ``axis``) or 2 (planes of the last two axes, coefficients in zig-zag order).
-      group_size: coefficients of a band sharing one minimum and span (a multiple of 8), one line's after
-        another; ``None``: each line's band alone (the band's width rounded up to 8).
+      group_size: values of a band sharing one minimum and span (a multiple of 8; by coefficient at most the
+        lines, rounded up to 8); ``None``: one coefficient's values over all lines (by coefficient) or each
+        line's band alone (by line), rounded up to 8.
+      group_by: ``"coefficient"`` (a group runs over one coefficient's lines) or ``"line"`` (along a line's band).
+      max_bands: ``None`` (``bands`` bands), or the most bands the decomposition may adapt to (``bands``,
+        doubled while at most this and the coefficients a line; the least expected error wins).
       rounding: ``"stochastic"`` (unbiased on the sent bands) or ``"nearest"``.
       seed: seed of the stochastic rounding (``None`` means 0).
       budget: ``"codes"`` (``bits`` counts the codes) or ``"payload"`` (every byte of the payload's buffers).
@@ -146,7 +157,8 @@ class DCTCodec(Codec):
 
     def __init__(self, *, bits: float = 4.0, bands: int = 8, axis: int = -1, dims: int = 1,
                  group_size: int | None = None, rounding: str = "stochastic", seed: int | None = None,
-                 budget: str = "codes", min_bands: int = 0) -> None:  # fmt: skip
+                 budget: str = "codes", min_bands: int = 0, group_by: str = "coefficient",
+                 max_bands: int | None = None) -> None:  # fmt: skip
         if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 < bits <= 8:
             raise ConfigError(f"dct: option bits must be a number in (0, 8] (average bits a coefficient), got {bits!r}")
         if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
@@ -163,7 +175,12 @@ class DCTCodec(Codec):
         check_choice("dct", "budget", budget, BUDGETS)
         if isinstance(min_bands, bool) or not isinstance(min_bands, int) or not 0 <= min_bands <= bands:
             raise ConfigError(f"dct: option min_bands must be an int in [0, bands={bands}], got {min_bands!r}")
+        check_choice("dct", "group_by", group_by, GROUPINGS)
+        if max_bands is not None and (isinstance(max_bands, bool) or not isinstance(max_bands, int)
+                                      or max_bands < bands):
+            raise ConfigError(f"dct: option max_bands must be None or an int >= bands={bands}, got {max_bands!r}")
         check_seed("dct", seed)
+        self.group_by, self.max_bands = group_by, max_bands
         self.bits, self.bands, self.axis, self.rounding, self.seed = float(bits), bands, axis, rounding, seed
         self.dims, self.group_size, self.budget, self.min_bands = dims, group_size, budget, min_bands
         self._encodes = 0  # each encode draws its own rounding stream
@@ -171,7 +188,7 @@ class DCTCodec(Codec):
     def options(self) -> dict:
         return {"bits": self.bits, "bands": self.bands, "axis": self.axis, "dims": self.dims,
                 "group_size": self.group_size, "rounding": self.rounding, "seed": self.seed, "budget": self.budget,
-                "min_bands": self.min_bands}
+                "min_bands": self.min_bands, "group_by": self.group_by, "max_bands": self.max_bands}
 
     def _lines(self, x: torch.Tensor, name: str) -> tuple[torch.Tensor, int]:
         if x.dim() == 0:
@@ -205,61 +222,90 @@ class DCTCodec(Codec):
         plane = plane.reshape(lines_shape)
         return idct(idct(plane.transpose(-1, -2)).transpose(-1, -2))
 
-    def _band_stats(self, band: torch.Tensor) -> torch.Tensor:
-        """A band's energy (mean square) and its quant groups' mean squared span, as one tensor."""
+    def _laid_out(self, c: torch.Tensor, a: int, b: int) -> torch.Tensor:
+        """Band ``[a, b)`` of the coefficients ``[rows, L]`` in the quant codec's order: ``[width, rows]`` by
+        coefficient (a group runs over one coefficient's lines), ``[rows, width]`` by line."""
+        band = c[:, a:b]
+        return band.t() if self.group_by == "coefficient" else band
+
+    def _group(self, rows: int, width: int) -> int:
+        """The quant group of a band ``width`` coefficients a line wide over ``rows`` lines."""
+        if self.group_by == "coefficient":
+            run = -(-rows // 8) * 8
+            return run if self.group_size is None else min(self.group_size, run)
+        return self.group_size if self.group_size is not None else -(-width // 8) * 8
+
+    def _band_stats(self, band: torch.Tensor, group: int) -> torch.Tensor:
+        """A laid-out band's energy (mean square) and its quant groups' mean squared span, as one tensor."""
         flat = band.reshape(-1)
-        g = self._group(band.shape[-1])
-        whole = flat.numel() // g * g
-        groups = flat[:whole].reshape(-1, g) if whole else flat.reshape(1, -1)
+        whole = flat.numel() // group * group
+        groups = flat[:whole].reshape(-1, group) if whole else flat.reshape(1, -1)
         span = groups.amax(dim=1) - groups.amin(dim=1)
         return torch.stack([flat.square().mean(), span.square().mean()])
-
-    def _group(self, width: int) -> int:
-        """The quant groups of a band ``width`` coefficients a line wide: ``group_size``, else one line's band."""
-        return self.group_size if self.group_size is not None else -(-width // 8) * 8
 
     def _band_bits_cost(self, rows: int, width: int, bits: int, work: torch.dtype) -> int:
         """Payload bits of a band ``width`` coefficients a line over ``rows`` lines at ``bits``: its codes (whole
         groups, padding included) and each group's minimum and span in the working precision."""
-        g = self._group(width)
+        g = self._group(rows, width)
         groups = -(-rows * width // g)
         return groups * (g * bits + 2 * 8 * torch.empty(0, dtype=work).element_size())
 
-    def _edges(self, n: int) -> list[int]:
-        return [round(i * n / self.bands) for i in range(self.bands + 1)]
+    def _cuts(self, n: int) -> list[list[int]]:
+        """The band edges of each decomposition tried for ``n`` coefficients a line: ``bands`` bands, then twice
+        as many while at most ``max_bands`` and ``n``."""
+        counts = [self.bands]
+        while self.max_bands is not None and counts[-1] * 2 <= min(self.max_bands, n):
+            counts.append(counts[-1] * 2)
+        return [[round(i * n / k) for i in range(k + 1)] for k in counts]
 
     def least_bytes(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
-        """Bytes of the lowest band of a tensor of ``shape`` at 1 bit, codes and ranges: with ``min_bands >= 1``
-        and ``budget="payload"``, a budget of ``bits * numel / 8`` bytes that holds it sends that band at least,
-        whatever the data."""
+        """Bytes of the lowest band of a tensor of ``shape`` at 1 bit (the narrowest such band of the
+        decompositions tried), codes and ranges: with ``min_bands >= 1`` and ``budget="payload"``, a budget of
+        ``bits * numel / 8`` bytes that holds it sends a lowest band at least, whatever the data."""
         probe = torch.empty(shape, dtype=dtype, device="meta")
         lines, _ = self._lines(probe, "tensor")
         rows = math.prod(lines.shape[:-self.dims])
-        edges = self._edges(math.prod(lines.shape[-self.dims:]))
         work = torch.float64 if dtype == torch.float64 else torch.float32
-        return -(-self._band_bits_cost(rows, edges[1] - edges[0], 1, work) // 8)
+        cuts = self._cuts(math.prod(lines.shape[-self.dims:]))
+        return min(-(-self._band_bits_cost(rows, e[1] - e[0], 1, work) // 8) for e in cuts)
+
+    def _allocate(self, stats: list, widths: list[int], rows: int, work: torch.dtype) -> tuple[list[int], float]:
+        """Bits a coefficient per band for one decomposition, and the expected squared error a line they leave."""
+        energy = [e for e, _ in stats]
+        # a b-bit group's step is its span / (2**b - 1); stochastic rounding's error is f(1 - f) steps squared
+        # (1/6 of a step squared on average), nearest's 1/12
+        share = 1 / 6 if self.rounding == "stochastic" else 1 / 12
+        errors = [[sq * share / (2**k - 1) ** 2 for k in BAND_BITS[1:]] for _, sq in stats]
+        costs = None
+        if self.budget == "payload":  # in bits a line, the unit of the budget bits * n
+            costs = [[self._band_bits_cost(rows, w, k, work) / rows for k in BAND_BITS[1:]] for w in widths]
+        band_bits = allocate_bits(energy, widths, self.bits, errors, costs, self.min_bands)
+        left = math.fsum(w * (e if k == 0 else err[BAND_BITS.index(k) - 1])
+                         for w, e, err, k in zip(widths, energy, errors, band_bits))
+        return band_bits, left
 
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
         self.check(x, name)
         lines, axis = self._lines(x, name)
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         c = self._forward(lines.to(work))
-        n = c.shape[-1]
-        edges = self._edges(n)
-        widths = [edges[i + 1] - edges[i] for i in range(self.bands)]
-        stats = torch.stack([self._band_stats(c[:, a:b]) for a, b in zip(edges, edges[1:])]).tolist()  # one sync
-        energy = [e for e, _ in stats]
-        if not all(math.isfinite(e) and math.isfinite(sq) for e, sq in stats):
+        rows, n = c.shape
+        cuts = self._cuts(n)
+        parts = [self._band_stats(self._laid_out(c, a, b), self._group(rows, b - a))
+                 for edges in cuts for a, b in zip(edges, edges[1:])]
+        flat_stats = torch.stack(parts).tolist()  # one sync for every decomposition
+        if not all(math.isfinite(e) and math.isfinite(sq) for e, sq in flat_stats):
             raise ConfigError(f"dct: {name} has inf or NaN values")
-        # a b-bit group's step is its span / (2**b - 1); stochastic rounding's error is f(1 - f) steps squared
-        # (1/6 of a step squared on average), nearest's 1/12
-        share = 1 / 6 if self.rounding == "stochastic" else 1 / 12
-        errors = [[min(e, sq * share / (2**k - 1) ** 2) for k in BAND_BITS[1:]] for e, sq in stats]
-        costs = None
-        if self.budget == "payload":  # in bits a line, the unit of the budget bits * n
-            rows = c.shape[0]
-            costs = [[self._band_bits_cost(rows, w, k, work) / rows for k in BAND_BITS[1:]] for w in widths]
-        band_bits = allocate_bits(energy, widths, self.bits, errors, costs, self.min_bands)
+        best = None
+        for edges in cuts:
+            stats, flat_stats = flat_stats[:len(edges) - 1], flat_stats[len(edges) - 1:]
+            widths = [b - a for a, b in zip(edges, edges[1:])]
+            band_bits, left = self._allocate(stats, widths, rows, work)
+            # a cut that sends nothing loses to one that sends its forced lowest band (least_bytes' promise)
+            key = (self.min_bands > 0 and not any(band_bits), left)
+            if best is None or key < best[0]:
+                best = (key, edges, widths, [e for e, _ in stats], band_bits)
+        _, edges, widths, energy, band_bits = best
         seed = (0 if self.seed is None else self.seed) * 1_000_003 + self._encodes
         self._encodes += 1
         buffers, metas = {}, []
@@ -267,16 +313,17 @@ class DCTCodec(Codec):
             if k == 0:
                 metas.append(None)
                 continue
-            band = c[:, a:b].contiguous()
-            q = QuantCodec(bits=k, group_size=self._group(b - a), rounding=self.rounding, seed=seed + i,
+            band = self._laid_out(c, a, b).contiguous()
+            q = QuantCodec(bits=k, group_size=self._group(rows, b - a), rounding=self.rounding, seed=seed + i,
                            kernel="torch")  # fmt: skip
             p = q.encode(band, name=f"{name} band {i}")
             buffers.update({f"b{i}_{key}": t for key, t in p.buffers.items()})
             metas.append((q.options(), p.meta))
-        dropped = math.fsum(e * w for e, w, k in zip(energy, widths, band_bits) if k == 0) * c.shape[0]
+        dropped = math.fsum(e * w for e, w, k in zip(energy, widths, band_bits) if k == 0) * rows
         return Payload(self.name, x.shape, x.dtype, x.device, buffers=buffers,
                        meta={"axis": axis, "dims": self.dims, "edges": edges, "band_bits": band_bits, "bands": metas,
-                             "lines_shape": tuple(lines.shape), "work": work, "dropped_energy": dropped})
+                             "lines_shape": tuple(lines.shape), "work": work, "dropped_energy": dropped,
+                             "group_by": self.group_by})
 
     def decode(self, payload: Payload) -> torch.Tensor:
         p = self._own(payload)
@@ -290,7 +337,9 @@ class DCTCodec(Codec):
             options, meta = band
             q = QuantCodec(**options)
             bufs = {key.split("_", 1)[1]: t for key, t in p.buffers.items() if key.startswith(f"b{i}_")}
-            shape = torch.Size((rows, b - a))
-            c[:, a:b] = q.decode(Payload(q.name, shape, m["work"], p.device, buffers=bufs, meta=meta))
+            by_coefficient = m.get("group_by") == "coefficient"
+            shape = torch.Size((b - a, rows) if by_coefficient else (rows, b - a))
+            band = q.decode(Payload(q.name, shape, m["work"], p.device, buffers=bufs, meta=meta))
+            c[:, a:b] = band.t() if by_coefficient else band
         lines = self._inverse(c, m["lines_shape"], dims)
         return (lines if dims == 2 else lines.movedim(-1, m["axis"])).to(p.dtype).contiguous()

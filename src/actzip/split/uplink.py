@@ -10,7 +10,8 @@ spends them its own way (:data:`COMPRESSORS`):
 - ``topk``: the ``k`` largest magnitudes of each sample, exact (bf16), with their indices: ``k`` is what fits.
   The gradient returns at the same positions, values only (the client knows its indices).
 - ``dct``: SL-FAC, the :mod:`actzip.codecs.dct` codec (over each feature map's plane, or along the last axis,
-  in :data:`DCT_BANDS` bands at most) with the whole budget as its payload budget (``budget="payload"``: codes,
+  cut into :data:`DCT_BANDS` bands or, where the expected error is less, finer up to :data:`DCT_MAX_BANDS`;
+  each coefficient's ranges its own) with the whole budget as its payload budget (``budget="payload"``: codes,
   padding and ranges), less the 8 bytes that name its bits; its lowest band is always sent when the budget
   affords it at 1 bit (``min_bands=1``), so a modality at its least ratio carries its spectrum's lowest band
   and not an empty payload. The gradient goes back through the same codec at the same bits (both directions,
@@ -46,11 +47,12 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.kernels.runtime import record_fallback
 
-__all__ = ["COMPRESSORS", "DCT_BANDS", "DCT_GROUP", "DCT_HEADER", "Link", "Packed", "Sent", "item_bytes", "least_ratio", "pack",
+__all__ = ["COMPRESSORS", "DCT_BANDS", "DCT_GROUP", "DCT_MAX_BANDS", "DCT_HEADER", "Link", "Packed", "Sent", "item_bytes", "least_ratio", "pack",
            "pack_grad", "send", "unpack", "unpack_grad"]
 
 COMPRESSORS = ("random", "topk", "dct", "quant")
 DCT_BANDS = 8  # dct: bands a line or plane is cut into (fewer where it has fewer coefficients)
+DCT_MAX_BANDS = 64  # dct: the finest cut it may adapt to (bands doubled while the expected error falls)
 DCT_GROUP = 256  # dct: coefficients of a band sharing one range (two float32: a quarter bit a coefficient)
 DCT_HEADER = 8  # dct: bytes naming the codec's bits (float64), so the server's gradient codec is the client's
 _QUANT_BITS = (8, 4, 2, 1)
@@ -112,7 +114,8 @@ def _codec(method: str, bits: float, shape: tuple[int, ...], seed: int):
     :data:`DCT_GROUP` coefficients, ``bits`` counting its whole payload; ``quant`` one group a sample."""
     if method == "dct":
         dims = 2 if len(shape) >= 4 else 1
-        return codecs.get("dct", bits=bits, bands=min(DCT_BANDS, math.prod(shape[-dims:])), dims=dims,
+        n = math.prod(shape[-dims:])
+        return codecs.get("dct", bits=bits, bands=min(DCT_BANDS, n), max_bands=min(DCT_MAX_BANDS, n), dims=dims,
                           group_size=DCT_GROUP, budget="payload", min_bands=1, seed=seed)
     return codecs.get("quant", bits=int(bits), group_size=-(-shape[-1] // 8) * 8, seed=seed)
 
