@@ -39,7 +39,9 @@ class WireBenchConfig:
     stages: int = 2  # pipeline stages (2-4)
     compressors: tuple[str, ...] = ("dense", "quant:8", "mask:8", "topk:8", "delta:8", "subspace:100",
                                     "bottleneck:100", "stiefel:16", "stiefel-rvq:100")
-    bwd_codec: str | None = None  # backward codec spec for the byte codecs (None: follow the forward one)
+    # backward codec spec for the byte codecs and the stage compressors' code gradients (None: follow the
+    # forward one; dense, the loss reference, stays raw)
+    bwd_codec: str | None = None
     # byte codec on the code of the stage compressors, both directions unless bwd_codec says otherwise
     # (e.g. "quant:bits=8": stiefel:4 with 8-bit codes is about 16x); None: raw codes
     stage_codec: str | None = None
@@ -166,11 +168,11 @@ def entry_lr(entry: str, default: float) -> float:
 
 def codec_specs(name: str, ratio: float, bwd: str | None = None, stage: str | None = None) -> tuple[str, str]:
     """Forward and backward codec specs of an entry: a byte codec's own, or ``stage`` (``"none"`` if not given)
-    on a stage compressor's code; ``bwd`` replaces the backward one."""
+    on a stage compressor's code; ``bwd`` replaces the backward one (dense, the loss reference, stays raw)."""
     if name not in BYTE_CODECS:
-        if name == "dense" or not stage:
+        if name == "dense":
             return "none", "none"
-        return stage, bwd or stage
+        return stage or "none", bwd or stage or "none"
     if name == "bf16":
         fwd = back = "cast:dtype=bfloat16"
     elif name in ("quant", "delta"):

@@ -65,6 +65,8 @@ def test_a_byte_codec_may_compress_the_stage_compressors_codes():
     assert codec_specs("stiefel", 4, stage="quant:bits=8") == ("quant:bits=8", "quant:bits=8")
     assert codec_specs("subspace", 25, "none", "quant:bits=8") == ("quant:bits=8", "none")
     assert codec_specs("dense", 1, stage="quant:bits=8") == ("none", "none")  # the baseline stays raw
+    assert codec_specs("stiefel-rvq", 100, "quant:bits=8") == ("none", "quant:bits=8")  # its gradient in 8 bits
+    assert codec_specs("dense", 1, "quant:bits=8") == ("none", "none")
     assert codec_specs("quant", 8, stage="quant:bits=2") == ("quant:bits=4", "quant:bits=4")  # its own codec
     cfg = WireBenchConfig(model="tiny", compressors=("dense", "stiefel:4"), stage_codec="quant:bits=8")
     assert pipeline_config(cfg, "stiefel:4").fwd_codec == "quant:bits=8"

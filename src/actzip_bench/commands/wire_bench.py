@@ -53,8 +53,8 @@ def add_parsers(bench) -> None:
                     "with its own learning rate: subspace:100@2e-3 (several dense entries: the best sets the target)")
     wb.add_argument("--boundary", help="boundary config overrides for every stage compressor, e.g. "
                     "anchor_rank=256,lr=1e-4 (StiefelConfig, SubspaceConfig, BottleneckConfig fields)")
-    wb.add_argument("--bwd-codec", dest="bwd_codec", help="backward codec spec for the byte codecs (default: "
-                    "follow the forward one)")
+    wb.add_argument("--bwd-codec", dest="bwd_codec", help="backward codec spec for the byte codecs and the stage "
+                    "compressors' code gradients (default: follow the forward one; dense stays raw)")
     wb.add_argument("--stage-codec", dest="stage_codec", help="byte codec on the stage compressors' codes, both "
                     "ways unless --bwd-codec is given, e.g. quant:bits=8 (default: raw codes)")
     wb.add_argument("--bandwidths", help="comma-separated link speeds in Mbps (default 80,200)")
