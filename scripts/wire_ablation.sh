@@ -17,7 +17,7 @@ mkdir -p "$out"
 bench=(--stages 2 --steps 500 --lr 6e-4 --dataset-windows 0 --target-steps 1 --seed SEED "$@")
 full="anchor_rank=256,lr=1e-4"  # the Stiefel boundary's full-rank anchors at d = 256, its slower step
 bounded="rvq_max_rows=32,rvq_delta_dtype=bfloat16"  # a codebook stream of at most 32 bfloat16 rows a step
-# name | entry | boundary options | optimizer | stage codec
+# name | entry | boundary options | optimizer | stage codec [| backward codec]
 case $set_name in
   paper) variants=(
     "dense|dense||adamw|"
@@ -42,18 +42,21 @@ case $set_name in
     "stiefel-rvq-bounded|stiefel-rvq:100|$full,code_dtype=bfloat16,$bounded|adamw|"
     "stiefel-rvq-bounded-w8|stiefel-rvq:100|$full,code_dtype=bfloat16,$bounded,width=8|adamw|"
     "stiefel-rvq-bounded-k16|stiefel-rvq:100|$full,code_dtype=bfloat16,$bounded,rvq_codebook_size=16|adamw|"
+    # added after all of those: the best RVQ variant with its code gradients in 8 bits, as the 8-bit entry's are
+    "stiefel-rvq-bounded-k16-bwd8|stiefel-rvq:100|$full,code_dtype=bfloat16,$bounded,rvq_codebook_size=16|adamw||quant:bits=8"
   ) ;;
   *) echo "unknown set $set_name (paper or rvq)" >&2; exit 2 ;;
 esac
 for seed in ${SEEDS:-0 1 2}; do
   for v in "${variants[@]}"; do
+    fields=${v//[^|]/}; [ ${#fields} -eq 4 ] && v="$v|"  # no backward codec: the forward's
     [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%|*} "* ]] && printf '%s|%s\n' "$v" "$seed"
   done
 done | xargs -P "$jobs" -I{} bash -c '
-  IFS="|" read -r name entry opts optim codec seed <<< "$1"; shift
+  IFS="|" read -r name entry opts optim codec bwd seed <<< "$1"; shift
   args=("${@//SEED/$seed}")
   [ -s "'"$out"'/$name-s$seed.json" ] && exit 0   # done by an earlier call
   python3 -m actzip_bench bench wire --compressors "$entry" ${opts:+--boundary "$opts"} --optimizer "$optim" \
-    ${codec:+--stage-codec "$codec"} "${args[@]}" --json "'"$out"'/$name-s$seed.json" \
+    ${codec:+--stage-codec "$codec"} ${bwd:+--bwd-codec "$bwd"} "${args[@]}" --json "'"$out"'/$name-s$seed.json" \
     > "'"$out"'/$name-s$seed.log" 2>&1 || echo "FAILED $name-s$seed"
   rm -f "'"$out"'/$name-s$seed.png"' _ {} "${bench[@]}"

@@ -46,6 +46,7 @@ RVQ_VARIANTS = {  # the reference (plain 8-bit codes) first
     "stiefel-rvq-bounded": "RVQ, the stream bounded to 32 bfloat16 rows a step",
     "stiefel-rvq-bounded-w8": "RVQ bounded, of 8 values (the reference's width)",
     "stiefel-rvq-bounded-k16": "RVQ bounded, 16 levels of 16 rows (4-bit indices)",
+    "stiefel-rvq-bounded-k16-bwd8": "the same, its code gradients in 8 bits",
 }
 
 
