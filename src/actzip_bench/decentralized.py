@@ -139,7 +139,7 @@ def with_calibration(record: dict, probe: dict) -> dict:
     cfg = DecentralizedBenchConfig(**_config_fields({**record["config"], **calibration_fields(probe)}))
     rows = []
     for before in record["rows"]:
-        row = {**before, "links": dict(before["links"])}
+        row = {**before, "links": _uncalibrated(before["links"])}  # an earlier probe's links give way
         for name, spec in cfg.modelled_links().items():
             if name not in row["links"]:
                 row["links"][name] = _modelled(before["replay"], cfg, spec)
@@ -416,21 +416,34 @@ def _config_fields(config: dict) -> dict:
             for k, v in config.items()}
 
 
+def _uncalibrated(links: dict) -> dict:
+    """A row's links without those a link calibration added (named ``... calibrated``)."""
+    return {name: link for name, link in links.items() if not name.endswith(" calibrated")}
+
+
+# config fields that say how a record was kept or replayed, not what ran: records differing in them still merge
+_NOT_THE_RUN = ("seeds", "keep_replay", "exchange", "exchange_mbps")
+
+
 def merge_records(records: list[dict]) -> dict:
-    """One record from runs of the same config on other seeds (run side by side), aggregated again."""
+    """One record from runs of the same config on other seeds (run side by side), aggregated again. A link
+    calibration of any of them is dropped (give the merge ``--link-calibration`` to calibrate all alike); the
+    schedules count as kept when every row keeps one."""
     if not records:
         raise ActzipError("bench decentralized --merge: no record given")
     first = records[0]
-    same = {k: v for k, v in first["config"].items() if k != "seeds"}
+    same = {k: v for k, v in first["config"].items() if k not in _NOT_THE_RUN}
     seeds = []
     for i, rec in enumerate(records):
-        if {k: v for k, v in rec["config"].items() if k != "seeds"} != same:
+        if {k: v for k, v in rec["config"].items() if k not in _NOT_THE_RUN} != same:
             raise ActzipError(f"bench decentralized --merge: record {i} ran another config than the first record")
         seeds += list(rec["config"]["seeds"])
     if len(set(seeds)) != len(seeds):
         raise ActzipError(f"bench decentralized --merge: seeds repeat across the records: {seeds}")
-    cfg = DecentralizedBenchConfig(**_config_fields({**first["config"], "seeds": seeds}))
-    rows = [row for rec in records for row in rec["rows"]]
+    rows = [{**row, "links": _uncalibrated(row["links"])} for rec in records for row in rec["rows"]]
+    cfg = DecentralizedBenchConfig(**_config_fields({**first["config"], "seeds": seeds, "exchange": (),
+                                                     "exchange_mbps": None,
+                                                     "keep_replay": all(r.get("replay") for r in rows)}))
     set_targets(rows, cfg.window)  # from each row's own losses and times
     shaping = {rec.get("shaping") for rec in records}  # the qdisc of a shaped link, when the records agree
     return {"config": dataclasses.asdict(cfg), "rows": rows, "aggregate": aggregate(cfg, rows),

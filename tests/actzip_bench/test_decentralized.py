@@ -170,6 +170,35 @@ def test_a_link_calibration_replays_the_kept_schedules_with_the_measured_exchang
         with_calibration(record, {**probe, "config": {"mbps": 100.0}})
 
 
+def test_a_calibrated_record_merges_with_a_new_seed_and_is_calibrated_again_as_one(record):
+    def probe(slowdown):  # all-gathers ``slowdown`` times as slow as the rate
+        sizes = (1_000, 100_000, 10_000_000)
+        return {"config": {"mbps": 200.0}, "gathers": [{"bytes": n, "measured_s": slowdown * 8 * n / 200e6}
+                                                       for n in sizes],
+                "machine": {"host_cpu": f"x{slowdown}"}, "command": "actzip bench link"}
+
+    calibrated = with_calibration(record, probe(2))
+    other = copy.deepcopy(record)
+    other["config"]["seeds"] = [1]
+    for row in other["rows"]:
+        row["seed"] = 1
+    merged = merge_records([calibrated, other])  # its calibration and the other's lack of one differ: dropped
+    assert merged["config"]["exchange"] == () and "link_calibration" not in merged
+    assert all("200mbps-50ms calibrated" not in r["links"] for r in merged["rows"])
+    assert merged["config"]["keep_replay"]  # every row keeps its schedule
+    again = with_calibration(merged, probe(3))  # the new probe's times for every seed, none of the old one's
+    assert again["link_calibration"]["machine"]["host_cpu"] == "x3"
+    twice = with_calibration(calibrated, probe(3))
+    for a, b in zip(twice["rows"], again["rows"][:len(twice["rows"])]):
+        assert a["links"]["200mbps-50ms calibrated"] == b["links"]["200mbps-50ms calibrated"]
+    slower = [r for r in twice["rows"] if sum(sum(d.values()) for x in r["replay"] for d in x["dp_bytes"])]
+    for new, old in zip(twice["rows"], calibrated["rows"]):
+        if new in slower:  # replayed again at the slower exchanges, not kept from the first probe
+            assert new["links"]["200mbps-50ms calibrated"]["cumulative_s"][-1] > \
+                old["links"]["200mbps-50ms calibrated"]["cumulative_s"][-1]
+    assert slower
+
+
 def test_dense_loss_is_reached_only_once_a_whole_window_has_run():
     # a task whose first loss is below the final one (a fresh optimizer's first update shakes the model): the
     # first step "reaches" nothing; pca's mean over its last 2 steps does at step 4, dense's own at its last
