@@ -20,6 +20,7 @@ from actzip_bench.figure_helpers import cite, gpu, mean_range
 FOLDERS = {  # folder -> what it measured; the first must exist, the others are shown once committed
     "results/cpu/wire-paper-ablation": "the small GPT (4 blocks, d = 256) on the CPU, 2 stages, 500 steps",
     "results/cpu/wire-paper-ablation-4st": "the same in 4 stages (one block each, 3 boundaries), the key variants",
+    "results/h100/wire-paper-ablation-2st": "the 124M GPT (12 blocks, d = 768), 2 stages, 1200 steps, the key variants",
     "results/h200/wire-paper-ablation-2st": "the 124M GPT (12 blocks, d = 768), 2 stages, 1200 steps",
     "results/h200/wire-paper-ablation-4st": "the 124M GPT, 4 stages, 1200 steps",
 }
