@@ -19,8 +19,12 @@ Policies (:data:`POLICIES`), each refreshed every ``refresh`` steps from the bat
 The score-driven policies (all but ``equal``) give every modality a floor before the scores share the rest of
 the budget: ``explore`` of its equal keep-ratio, and at least the compressor's smallest sendable payload
 (:func:`actzip.split.uplink.least_ratio`), so that a modality scored out still reaches the server and can be
-scored again. The record also has the bytes each way (the payloads'
-own) and, for ModalShare, the share of the server's compute its scoring took.
+scored again. With ``score_on="heldout"`` the score-driven policies score a batch the server never trains on
+(the training split's last ``batch`` samples, kept out of their training): every ``refresh`` steps that step's
+batch is the held-out one, sent at the current keep-ratios like any other (the same payload) and scored instead
+of trained on, so a stream the server has memorized from the training samples earns nothing there. The record
+also has the bytes each way (the payloads' own) and, for ModalShare, the share of the server's compute its
+scoring took.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from actzip_bench.split_suites import CLIENTS, SUITES, Suite, load_suite
 __all__ = ["POLICIES", "SplitSimConfig", "run_split_sim"]
 
 POLICIES = ("equal", "equal-payload", "gradient-norm", "std", "modalshare")
+SCORE_ON = ("received", "heldout")  # what the score-driven policies score: the batch just trained on, or a held-out one
 
 
 @dataclass
@@ -76,6 +81,9 @@ class SplitSimConfig:
     # ModalShare's stand-in for a modality outside a coalition (actzip.split.coalitions.ABSENT): "zeros" or
     # "mean" (its features' batch mean)
     absent: str = "zeros"
+    # what the score-driven policies score (SCORE_ON): "received" (the batch the server has just trained on) or
+    # "heldout" (one batch of training samples they never train on, sent in place of a training batch at refreshes)
+    score_on: str = "received"
 
     def __post_init__(self) -> None:
         if self.dataset not in SUITES:
@@ -92,6 +100,8 @@ class SplitSimConfig:
             raise ConfigError(f"split sim: compressor must be one of {COMPRESSORS}, got {self.compressor!r}")
         if self.absent not in ABSENT:
             raise ConfigError(f"split sim: absent must be one of {ABSENT}, got {self.absent!r}")
+        if self.score_on not in SCORE_ON:
+            raise ConfigError(f"split sim: score_on must be one of {SCORE_ON}, got {self.score_on!r}")
         unknown = set(self.policies) - set(POLICIES)
         if unknown:
             raise ConfigError(f"split sim: unknown policies {sorted(unknown)}; known: {list(POLICIES)}")
@@ -154,8 +164,26 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
     floor = [max(cfg.explore * e, least_ratio(cfg.compressor, (cfg.batch, *s)))
              for e, s in zip(equal, model.out_shapes)]
     history, up, down, server_s, scoring_s = [], 0.0, 0.0, 0.0, 0.0
+    heldout = cfg.score_on == "heldout" and policy != "equal"
+    if heldout and train < 2 * cfg.batch:
+        raise ConfigError(f"split sim: score_on='heldout' keeps {cfg.batch} of {train} training samples out; "
+                          "too few left to train on")
+    pool = train - cfg.batch if heldout else train  # training samples drawn from
+    scoring_idx = torch.arange(pool, train)
     for step in range(cfg.steps):
-        idx = torch.randint(0, train, (cfg.batch,), generator=gen)
+        refresh = policy != "equal" and (step + 1) % cfg.refresh == 0
+        if heldout and refresh:  # this step's batch is the held-out one: sent, scored, not trained on
+            with torch.no_grad():
+                sent = model.send([x[scoring_idx] for x in xs], ratios, cfg.compressor,
+                                  (seed * 100_003 + step) * 7919)
+            up += sum(s.uplink_bytes for s in sent)
+            t0 = time.perf_counter()
+            scores = _scores(policy, model, [s.view.detach() for s in sent], y[scoring_idx], cfg.absent)
+            scoring_s += time.perf_counter() - t0
+            ratios = list(keep_ratios(scores, sizes, budget, floor=floor).ratios)
+            history.append({"step": step + 1, "scores": scores, "ratios": ratios})
+            continue
+        idx = torch.randint(0, pool, (cfg.batch,), generator=gen)
         sent = model.send([x[idx] for x in xs], ratios, cfg.compressor, (seed * 100_003 + step) * 7919)
         t0 = time.perf_counter()
         loss = F.cross_entropy(model.serve([s.view for s in sent]), y[idx])
@@ -165,7 +193,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
         opt.step()
         up += sum(s.uplink_bytes for s in sent)
         down += sum(s.downlink_bytes for s in sent)
-        if policy != "equal" and (step + 1) % cfg.refresh == 0:
+        if refresh:
             t0 = time.perf_counter()
             scores = _scores(policy, model, [s.view.detach() for s in sent], y[idx], cfg.absent)
             scoring_s += time.perf_counter() - t0

@@ -33,9 +33,24 @@ def test_every_compressor_stays_within_the_budget(compressor):
         assert 0 < r["uplink_bytes"] <= r["dense_bytes"] / cfg.compression * 1.001
 
 
+def test_heldout_scoring_replaces_a_training_batch_at_each_refresh_and_spends_the_same_budget():
+    cfg = SplitSimConfig(steps=40, refresh=10, seeds=(0,), train=600, test=200, score_on="heldout",
+                         policies=("equal", "modalshare"))
+    rows = {r["policy"]: r for r in run_split_sim(cfg)["rows"]}
+    ms = rows["modalshare"]
+    assert [h["step"] for h in ms["history"]] == [10, 20, 30, 40]
+    assert ms["ratios"][1] > rows["equal"]["ratios"][1]  # the small strong stream, scored on unseen samples
+    # the scoring batches go up like any other (the same payload a step); no gradient comes down for them
+    assert ms["uplink_bytes"] == pytest.approx(rows["equal"]["uplink_bytes"], rel=0.1)
+    assert ms["downlink_bytes"] == pytest.approx(ms["uplink_bytes"] * 36 / 40, rel=0.1)
+    with pytest.raises(ConfigError, match="too few left"):
+        run_split_sim(SplitSimConfig(steps=1, seeds=(0,), train=200, test=50, score_on="heldout",
+                                     policies=("modalshare",)))
+
+
 def test_bad_settings_are_refused():
     for bad in ({"widths": (8, 0)}, {"compression": 0.5}, {"policies": ("equal", "oracle")}, {"compressor": "zip"},
-                {"dataset": "mnist"}, {"client": "mlp"}, {"channels": 0}):
+                {"dataset": "mnist"}, {"client": "mlp"}, {"channels": 0}, {"score_on": "test"}):
         with pytest.raises(ConfigError):
             SplitSimConfig(**bad)
     with pytest.raises(ConfigError, match="one entry per modality"):

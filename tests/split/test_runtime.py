@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from actzip.errors import WireConfigMismatchError
+from actzip.errors import ConfigError, WireConfigMismatchError
 from actzip.split.runtime import SplitClient, SplitConfig, SplitServer, fed_average
 from actzip.split.uplink import send
 from actzip.wire.backends import LoopbackHub
@@ -115,6 +115,50 @@ def test_training_in_turn_meters_bytes_on_both_ends_and_modalshare_ratios_reach_
     budget = 64 * sum(SIZES) * 2 / cfg.compression  # bytes of values a step
     # values at about the budget, the int64 labels, a header and (now and then) a schema a step
     assert all(budget * 40 < s < (1.2 * budget + 64 * 8 + 48 + 200) * 40 for s in sent)
+
+
+def test_heldout_scoring_batches_set_the_ratios_and_train_nothing():
+    cfg = SplitConfig(SIZES, compressor="random", compression=4.0, policy="modalshare", score_on="heldout",
+                      refresh=5)
+    server, (client,) = loopback(cfg)
+    held_xs, held_y = data(999)  # samples the client never trains on
+    for step in range(20):
+        if (step + 1) % cfg.refresh == 0:
+            before = [p.detach().clone() for p in [*server.model.parameters(), *client.encoders.parameters()]]
+            client.forward(held_xs, held_y, scoring=True)
+            server.serve(1)
+            client.backward()
+            after = [*server.model.parameters(), *client.encoders.parameters()]
+            assert all(torch.equal(a, b) for a, b in zip(after, before))  # scored, not trained on
+            assert client.ratios == server.ratios[1] and server.history[-1]["step"] == step + 1
+            continue
+        xs, y = data(step)
+        client.forward(xs, y)
+        server.serve(1)
+        client.backward()
+    assert len(server.history) == 4  # only the scoring batches were scored
+    assert client.ratios[1] > cfg.equal_ratios()[1]  # the small useful modality gets more
+    plain = SplitConfig(SIZES, compressor="random", compression=4.0, policy="modalshare")
+    _, (other,) = loopback(plain)
+    with pytest.raises(ConfigError, match="score_on='heldout'"):
+        other.forward(held_xs, held_y, scoring=True)
+    with pytest.raises(ConfigError, match="score_on"):
+        SplitConfig(SIZES, score_on="test")
+
+
+def test_a_scoring_batch_served_in_parallel_is_left_out_of_the_joint_update():
+    cfg = SplitConfig(SIZES, compressor="topk", compression=4.0, policy="modalshare", score_on="heldout")
+    server, (scorer, trainer) = loopback(cfg, n_clients=2)
+    frozen = [p.detach().clone() for p in scorer.encoders.parameters()]
+    moving = [p.detach().clone() for p in trainer.encoders.parameters()]
+    scorer.forward(*data(1), scoring=True)
+    trainer.forward(*data(2))
+    server.serve_parallel()
+    scorer.backward()
+    trainer.backward()
+    assert all(torch.equal(p, q) for p, q in zip(scorer.encoders.parameters(), frozen))
+    assert not all(torch.equal(p, q) for p, q in zip(trainer.encoders.parameters(), moving))
+    assert [h["client"] for h in server.history] == [1]
 
 
 def test_fed_average_in_one_process():

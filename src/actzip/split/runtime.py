@@ -6,7 +6,10 @@ compressor of :class:`SplitConfig` (:mod:`actzip.split.uplink`), and sends them 
 channel; the server (:class:`SplitServer`) unpacks them into dense views, runs its model and loss, updates
 itself, and sends each modality's gradient back on ``bwd`` with the keep-ratios the client is to use next
 (ModalShare's, from Shapley scores of the batch it has just received, every ``refresh`` steps; or the equal
-ones). Both ends derive every step's mask and rounding seeds from the config, the client's rank and the step,
+ones). With ``score_on="heldout"`` ModalShare scores only the batches a client sends with
+:meth:`SplitClient.score`: samples the client keeps out of training, sent at the current keep-ratios like any
+batch, which the server scores and does not train on (a stream the server has memorized from the training
+samples earns nothing on them); the client sends one in place of a training batch every ``refresh`` steps. Both ends derive every step's mask and rounding seeds from the config, the client's rank and the step,
 so only values, indices and payloads travel. The server serves its clients in turn (sequential split learning,
 one update a client) or in parallel (:meth:`SplitServer.serve_parallel`: every client's batch in one update, the
 clients computing at the same time); :func:`fed_average` averages the clients' encoders (SplitFed), in one process
@@ -34,9 +37,10 @@ from actzip.split.coalitions import ABSENT, coalition_values
 from actzip.split.shapley import shapley
 from actzip.split.uplink import COMPRESSORS, Link, least_ratio, pack, pack_grad, unpack, unpack_grad
 
-__all__ = ["SPLIT_POLICIES", "SplitClient", "SplitConfig", "SplitServer", "fed_average"]
+__all__ = ["SCORE_ON", "SPLIT_POLICIES", "SplitClient", "SplitConfig", "SplitServer", "fed_average"]
 
 SPLIT_POLICIES = ("equal", "modalshare")
+SCORE_ON = ("received", "heldout")  # what ModalShare scores: every refresh-th batch received, or scoring batches
 
 
 @dataclass
@@ -54,6 +58,9 @@ class SplitConfig:
     # ModalShare's stand-in for a modality outside a coalition (actzip.split.coalitions.ABSENT): "zeros" or
     # "mean" (its features' batch mean)
     absent: str = "zeros"
+    # what ModalShare scores (SCORE_ON): "received" (every refresh-th batch, after training on it) or "heldout"
+    # (the batches a client sends with SplitClient.score, never trained on)
+    score_on: str = "received"
 
     def __post_init__(self) -> None:
         self.sizes = tuple(int(s) for s in self.sizes)
@@ -67,6 +74,8 @@ class SplitConfig:
             raise ConfigError(f"SplitConfig.compression must be >= 1, got {self.compression}")
         if self.absent not in ABSENT:
             raise ConfigError(f"SplitConfig.absent must be one of {ABSENT}, got {self.absent!r}")
+        if self.score_on not in SCORE_ON:
+            raise ConfigError(f"SplitConfig.score_on must be one of {SCORE_ON}, got {self.score_on!r}")
         if self.refresh < 1 or not 0 <= self.explore <= 1:
             raise ConfigError(f"SplitConfig: refresh must be >= 1 and explore in [0, 1], got {self.refresh}, "
                               f"{self.explore}")
@@ -113,13 +122,18 @@ class SplitClient:
         """Check the server's config (after it sent its own hello)."""
         self.transport.check_hello(self.server)
 
-    def forward(self, xs: Sequence[torch.Tensor], labels: torch.Tensor) -> int:
-        """Encode and send one batch; the bytes sent."""
+    def forward(self, xs: Sequence[torch.Tensor], labels: torch.Tensor, scoring: bool = False) -> int:
+        """Encode and send one batch; the bytes sent. ``scoring``: a held-out batch for ModalShare's scores, not
+        trained on (``score_on="heldout"``; :meth:`score`)."""
+        if scoring and (self.config.policy != "modalshare" or self.config.score_on != "heldout"):
+            raise ConfigError("SplitClient: a scoring batch needs policy='modalshare' and score_on='heldout', got "
+                              f"policy={self.config.policy!r}, score_on={self.config.score_on!r}")
         if len(xs) != len(self.encoders):
             raise ConfigError(f"SplitClient.forward: {len(xs)} modality inputs for {len(self.encoders)} encoders")
         acts, sent, items = [], [], {}
         for i, (enc, x, r) in enumerate(zip(self.encoders, xs, self.ratios)):
-            a = enc(x)
+            with torch.set_grad_enabled(torch.is_grad_enabled() and not scoring):
+                a = enc(x)
             if a.dim() != 2 or a.shape[1] != self.config.sizes[i]:
                 raise ConfigError(f"SplitClient: modality {i}'s encoder gave shape {tuple(a.shape)}; expected "
                                   f"[batch, {self.config.sizes[i]}]")
@@ -129,16 +143,22 @@ class SplitClient:
             acts.append(a)
             sent.append((link, packed))
         items["labels"] = labels
-        self._pending = [acts, sent]
+        if scoring:
+            items["scoring"] = torch.ones(1, dtype=torch.uint8)
+        self._pending = [acts, sent, scoring]
         return self.transport.send(self.server, items, channel="fwd")
 
     def backward(self) -> None:
         """Receive the gradients of the batch sent last, update the encoders, take the next keep-ratios."""
         if self._pending is None:
             raise ConfigError("SplitClient.backward: no batch sent (call forward first)")
-        acts, sent = self._pending
+        acts, sent, scoring = self._pending
         self._pending = None
         back = self.transport.recv(self.server, channel="bwd").items
+        if scoring:  # no gradients come back for a scoring batch: only the new keep-ratios
+            self.ratios = [float(r) for r in back["ratios"]]
+            self.step_count += 1
+            return
         pairs = []
         for i, (a, (link, packed)) in enumerate(zip(acts, sent)):
             g = unpack_grad(_group(back, f"m{i}/"), link, packed, tuple(a.shape), a.dtype, a.device)
@@ -154,6 +174,12 @@ class SplitClient:
     def step(self, xs: Sequence[torch.Tensor], labels: torch.Tensor) -> None:
         """One step against a server in another process."""
         self.forward(xs, labels)
+        self.backward()
+
+    def score(self, xs: Sequence[torch.Tensor], labels: torch.Tensor) -> None:
+        """Send a held-out batch for ModalShare's scores (``score_on="heldout"``) against a server in another
+        process, and take the keep-ratios it sets; nothing is trained on it."""
+        self.forward(xs, labels, scoring=True)
         self.backward()
 
 
@@ -190,22 +216,35 @@ class SplitServer:
             links.append(link)
             views.append(v.requires_grad_())
             kept.append(k)
-        return views, links, kept, labels
+        scoring = "scoring" in msg.items
+        if scoring and (cfg.policy != "modalshare" or cfg.score_on != "heldout"):
+            raise ConfigError(f"SplitServer: client {client} sent a scoring batch; this server scores none "
+                              f"(policy={cfg.policy!r}, score_on={cfg.score_on!r})")
+        return views, links, kept, labels, scoring
 
     def _reply(self, client: int, got: tuple) -> None:
-        views, links, kept, labels = got
+        views, links, kept, labels, scoring = got
         out = {}
-        for i, (v, link, k) in enumerate(zip(views, links, kept)):
-            out.update({f"m{i}/{n}": t for n, t in pack_grad(v.grad, link, k).items()})
+        if not scoring:
+            for i, (v, link, k) in enumerate(zip(views, links, kept)):
+                out.update({f"m{i}/{n}": t for n, t in pack_grad(v.grad, link, k).items()})
         self.steps[client] += 1
-        if self.config.policy == "modalshare" and self.steps[client] % self.config.refresh == 0:
+        cfg = self.config
+        if scoring or (cfg.policy == "modalshare" and cfg.score_on == "received"
+                       and self.steps[client] % cfg.refresh == 0):
             self._refresh(client, [v.detach() for v in views], labels)
         out["ratios"] = torch.tensor(self.ratios[client], dtype=torch.float64)
         self.transport.send(client, out, channel="bwd")
 
     def serve(self, client: int) -> float:
-        """One batch of ``client``: receive, update, send the gradients back; the loss."""
+        """One batch of ``client``: receive, update, send the gradients back; the loss. A scoring batch is scored
+        and not trained on (its loss is returned all the same)."""
         got = self._receive(client)
+        if got[4]:
+            with torch.no_grad():
+                loss = self._loss([v.detach() for v in got[0]], got[3])
+            self._reply(client, got)
+            return float(loss)
         loss = self._loss(got[0], got[3])
         self.optimizer.zero_grad()
         loss.backward()
@@ -217,11 +256,16 @@ class SplitServer:
         """One batch of every client at once (the clients computed theirs in parallel): one forward and backward
         of the server on all of them together, one update, each client's gradients sent back; the mean loss."""
         got = [self._receive(c) for c in self.clients]
-        views = [torch.cat([g[0][i] for g in got]) for i in range(len(self.config.sizes))]
-        loss = self._loss(views, torch.cat([g[3] for g in got]))
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
+        train = [g for g in got if not g[4]]  # scoring batches are scored, not trained on
+        if train:
+            views = [torch.cat([g[0][i] for g in train]) for i in range(len(self.config.sizes))]
+            loss = self._loss(views, torch.cat([g[3] for g in train]))
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+        else:
+            with torch.no_grad():
+                loss = torch.stack([self._loss([v.detach() for v in g[0]], g[3]) for g in got]).mean()
         for c, g in zip(self.clients, got):
             self._reply(c, g)
         return float(loss.detach())

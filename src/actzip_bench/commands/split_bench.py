@@ -68,6 +68,9 @@ def add_parsers(bench) -> None:
     sb.add_argument("--policies", help="comma-separated (default: equal,equal-payload,gradient-norm,std,modalshare)")
     sb.add_argument("--absent", help="ModalShare's stand-in for a modality outside a coalition: zeros (default) or "
                     "mean (its features' batch mean)")
+    sb.add_argument("--score-on", help="what the score-driven policies score: received (default: the batch just "
+                    "trained on) or heldout (a batch of training samples they never train on, sent in place of a "
+                    "training batch at each refresh)")
     sb.add_argument("--steps", type=int)
     sb.add_argument("--refresh", type=int, help="steps between ModalShare's score refreshes")
     sb.add_argument("--explore", type=float, help="share of its equal keep-ratio every modality keeps under the "

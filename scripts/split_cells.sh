@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# ModalShare alone on a fixed set of cells of the split grids, with one setting changed against the grids' own
+# ModalShare rows (same protocol: 400 steps, 3 seeds, refreshes every 50 steps, the same floors); the cells are
+# fixed here, before any of them runs: the three data sets x random, topk, dct x the grids' second and fourth
+# compressions (5x, 20x).
+# Usage: scripts/split_cells.sh OUT_DIR [jobs] [bench split options...]   (a cell whose record exists is skipped)
+#   stand-ins:  scripts/split_cells.sh results/cpu/split-absent-mean 2 --absent mean
+#   held out:   scripts/split_cells.sh results/cpu/split-heldout 2 --score-on heldout
+set -uo pipefail
+out=${1:?output directory}; jobs=${2:-2}; shift $(( $# >= 2 ? 2 : $# ))
+mkdir -p "$out"
+export SPLIT_CELL_OPTIONS="$*"  # bench split options for every cell (no spaces inside one)
+for dataset in synthetic digits spoken-digits; do
+  for compressor in random topk dct; do
+    for compression in 5 20; do
+      printf '%s %s %s\n' "$dataset" "$compressor" "$compression"
+    done
+  done
+done | xargs -P "$jobs" -L 1 bash -c '
+  dataset=$1 compressor=$2 compression=$3
+  json="'"$out"'/$dataset-$compressor-$compression.json"
+  [ -s "$json" ] && exit 0
+  client=(); [ "$dataset" = synthetic ] || client=(--dataset "$dataset" --client conv)
+  python3 -m actzip_bench bench split "${client[@]}" --compressor "$compressor" --compression "$compression" \
+    --policies modalshare $SPLIT_CELL_OPTIONS --json "$json" > "${json%.json}.log" 2>&1 || echo "FAILED $json"
+  rm -f "${json%.json}.png"' _
