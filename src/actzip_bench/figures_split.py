@@ -124,26 +124,29 @@ def codec_grid(root: Path, grid: str = GRID) -> str:
 
 
 DATASET_GRIDS = {"digits": "results/cpu/split-digits", "spoken-digits": "results/cpu/split-spoken-digits"}
-# ModalShare alone again with each absent modality's batch mean standing in for it, one record per data set,
-# compressor and compression (``{dataset}-{compressor}-{compression}.json``), beside the grids' own runs
+# ModalShare alone again with one setting changed (scripts/split_cells.sh), one record per data set, compressor
+# and compression (``{dataset}-{compressor}-{compression}.json``), beside the grids' own runs: each absent
+# modality's batch mean standing in for it, or scores from held-out samples
 ABSENT_MEAN = "results/cpu/split-absent-mean"
+HELDOUT = "results/cpu/split-heldout"
 
 
-def absent_ablation(root: Path) -> str:
-    """ModalShare with zeros and with batch means standing in for a coalition's absent modalities, against equal
-    keep-ratios and the best other policy of the same grid cell."""
+def _against_grids(root: Path, folder: str, base: str, variant: str, caption: str) -> str:
+    """ModalShare of ``folder``'s records (labelled ``variant``) against the grids' own ModalShare (``base``),
+    equal keep-ratios and the best other policy of the same grid cell."""
     grids = {"synthetic": GRID, **DATASET_GRIDS}
-    lines = ["| data set | compressor | compression | equal | best other | ModalShare, zeros | ModalShare, means "
-             "| means − zeros | means − equal | means − best other |", "|---|---|---:|" + "---:|" * 7]
+    lines = [f"| data set | compressor | compression | equal | best other | ModalShare, {base} | ModalShare, "
+             f"{variant} | {variant} − {base} | {variant} − equal | {variant} − best other |",
+             "|---|---|---:|" + "---:|" * 7]
     diffs, gains, margins, seeds = [], [], [], set()
-    for path in sorted((root / ABSENT_MEAN).glob("*.json")):
-        mean = load(root, f"{ABSENT_MEAN}/{path.name}")
-        c = mean["config"]
+    for path in sorted((root / folder).glob("*.json")):
+        rec = load(root, f"{folder}/{path.name}")
+        c = rec["config"]
         seeds.add(len(c["seeds"]))
         cell = _grid(root, grids[c["dataset"]])[(c["compressor"], c["compression"])]
         m = cell["mean_accuracy"]
         best = max(v for p, v in m.items() if p not in ("modalshare", "equal"))
-        got = mean["mean_accuracy"]["modalshare"]
+        got = rec["mean_accuracy"]["modalshare"]
         diffs.append(got - m["modalshare"])
         gains.append(got - m["equal"])
         margins.append(got - max(best, m["equal"]))
@@ -151,14 +154,24 @@ def absent_ablation(root: Path) -> str:
                      f"{best:.1%} | {m['modalshare']:.1%} | {got:.1%} | {diffs[-1] * 100:+.1f} | "
                      f"{gains[-1] * 100:+.1f} | {margins[-1] * 100:+.1f} |")
     if not diffs:
-        raise ConfigError(f"figure: no records in {ABSENT_MEAN}")
-    lines += ["", f"Test accuracy, mean of {' or '.join(map(str, sorted(seeds)))} seeds, each grid's protocol; \"best other\": the best of the grid's "
-              f"policies other than equal keep-ratios and ModalShare. Batch means against zeros: "
+        raise ConfigError(f"figure: no records in {folder}")
+    lines += ["", f"Test accuracy, mean of {' or '.join(map(str, sorted(seeds)))} seeds, each grid's protocol; \"best "
+              f"other\": the best of the grid's policies other than equal keep-ratios and ModalShare. {caption}: "
               f"{min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f} points over {len(diffs)} cells; ModalShare "
-              f"with means against equal keep-ratios {min(gains) * 100:+.1f} to {max(gains) * 100:+.1f}, against "
+              f"{variant} against equal keep-ratios {min(gains) * 100:+.1f} to {max(gains) * 100:+.1f}, against "
               f"the best of all other policies {min(margins) * 100:+.1f} to {max(margins) * 100:+.1f} "
-              f"(`{ABSENT_MEAN}/`, the grids' directories)."]
+              f"(`{folder}/`, the grids' directories)."]
     return "\n".join(lines)
+
+
+def absent_ablation(root: Path) -> str:
+    """ModalShare with zeros and with batch means standing in for a coalition's absent modalities."""
+    return _against_grids(root, ABSENT_MEAN, "zeros", "means", "Batch means against zeros")
+
+
+def heldout_ablation(root: Path) -> str:
+    """ModalShare scoring the batch just trained on and scoring held-out samples."""
+    return _against_grids(root, HELDOUT, "received", "held out", "Held-out scoring against the batch received")
 
 
 def _for(render, grid):
@@ -166,6 +179,6 @@ def _for(render, grid):
 
 
 RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "split-codecs": codec_grid,
-             "split-absent": absent_ablation,
+             "split-absent": absent_ablation, "split-heldout": heldout_ablation,
              **{f"split-policies-{name}": _for(policy_grid, grid) for name, grid in DATASET_GRIDS.items()},
              **{f"split-codecs-{name}": _for(codec_grid, grid) for name, grid in DATASET_GRIDS.items()}}

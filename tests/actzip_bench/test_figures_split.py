@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from actzip.errors import ConfigError
-from actzip_bench.figures_split import GRID, RUNS, codec_grid, modalshare, policy_grid
+from actzip_bench.figures_split import GRID, HELDOUT, RUNS, codec_grid, heldout_ablation, modalshare, policy_grid
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,3 +31,20 @@ def test_the_grid_tables_render_a_row_per_record_and_the_margins(tmp_path):
 def test_an_empty_grid_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="no records"):
         policy_grid(tmp_path)
+
+
+def test_modalshare_alone_with_one_setting_changed_is_set_against_its_grid_cell(tmp_path):
+    (tmp_path / GRID).mkdir(parents=True)
+    for path in (REPO / GRID).glob("*-5.json"):
+        shutil.copy(path, tmp_path / GRID / path.name)
+    (tmp_path / HELDOUT).mkdir(parents=True)
+    cell = json.loads((REPO / GRID / "topk-5.json").read_text())
+    mine = {**cell, "config": {**cell["config"], "dataset": "synthetic"}, "rows": [r for r in cell["rows"] if r["policy"] == "modalshare"],
+            "mean_accuracy": {"modalshare": cell["mean_accuracy"]["modalshare"] + 0.01}}
+    (tmp_path / HELDOUT / "synthetic-topk-5.json").write_text(json.dumps(mine))
+    text = heldout_ablation(tmp_path)
+    assert "| synthetic | topk | 5x |" in text and "| +1.0 |" in text  # one point above the grid's own ModalShare
+    assert "over 1 cells" in text and f"`{HELDOUT}/`" in text
+    (tmp_path / HELDOUT / "synthetic-topk-5.json").unlink()
+    with pytest.raises(ConfigError, match="no records"):
+        heldout_ablation(tmp_path)
