@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from actzip.errors import ConfigError
 from actzip.split import equal_keep_ratios, keep_ratios, shapley
 from actzip.split.coalitions import ABSENT, coalition_values
+from actzip.split.runtime import SCORE_ON
 from actzip.split.uplink import COMPRESSORS, least_ratio, send
 from actzip_bench.data.multimodal import MultimodalConfig
 from actzip_bench.split_suites import CLIENTS, SUITES, Suite, load_suite
@@ -47,7 +48,6 @@ from actzip_bench.split_suites import CLIENTS, SUITES, Suite, load_suite
 __all__ = ["POLICIES", "SplitSimConfig", "run_split_sim"]
 
 POLICIES = ("equal", "equal-payload", "gradient-norm", "std", "modalshare")
-SCORE_ON = ("received", "heldout")  # what the score-driven policies score: the batch just trained on, or a held-out one
 
 
 @dataclass
@@ -170,6 +170,15 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
                           "too few left to train on")
     pool = train - cfg.batch if heldout else train  # training samples drawn from
     scoring_idx = torch.arange(pool, train)
+
+    def rescore(sent, labels, step):
+        nonlocal ratios, scoring_s
+        t0 = time.perf_counter()
+        scores = _scores(policy, model, [s.view.detach() for s in sent], labels, cfg.absent)
+        scoring_s += time.perf_counter() - t0
+        ratios = list(keep_ratios(scores, sizes, budget, floor=floor).ratios)
+        history.append({"step": step + 1, "scores": scores, "ratios": ratios})
+
     for step in range(cfg.steps):
         refresh = policy != "equal" and (step + 1) % cfg.refresh == 0
         if heldout and refresh:  # this step's batch is the held-out one: sent, scored, not trained on
@@ -177,11 +186,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
                 sent = model.send([x[scoring_idx] for x in xs], ratios, cfg.compressor,
                                   (seed * 100_003 + step) * 7919)
             up += sum(s.uplink_bytes for s in sent)
-            t0 = time.perf_counter()
-            scores = _scores(policy, model, [s.view.detach() for s in sent], y[scoring_idx], cfg.absent)
-            scoring_s += time.perf_counter() - t0
-            ratios = list(keep_ratios(scores, sizes, budget, floor=floor).ratios)
-            history.append({"step": step + 1, "scores": scores, "ratios": ratios})
+            rescore(sent, y[scoring_idx], step)
             continue
         idx = torch.randint(0, pool, (cfg.batch,), generator=gen)
         sent = model.send([x[idx] for x in xs], ratios, cfg.compressor, (seed * 100_003 + step) * 7919)
@@ -194,11 +199,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
         up += sum(s.uplink_bytes for s in sent)
         down += sum(s.downlink_bytes for s in sent)
         if refresh:
-            t0 = time.perf_counter()
-            scores = _scores(policy, model, [s.view.detach() for s in sent], y[idx], cfg.absent)
-            scoring_s += time.perf_counter() - t0
-            ratios = list(keep_ratios(scores, sizes, budget, floor=floor).ratios)
-            history.append({"step": step + 1, "scores": scores, "ratios": ratios})
+            rescore(sent, y[idx], step)
     with torch.no_grad():
         test = torch.arange(train, train + test)
         views = [s.view for s in model.send([x[test] for x in xs], ratios, cfg.compressor, seed * 7919 + 7917)]

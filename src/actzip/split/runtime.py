@@ -9,8 +9,9 @@ itself, and sends each modality's gradient back on ``bwd`` with the keep-ratios 
 ones). With ``score_on="heldout"`` ModalShare scores only the batches a client sends with
 :meth:`SplitClient.score`: samples the client keeps out of training, sent at the current keep-ratios like any
 batch, which the server scores and does not train on (a stream the server has memorized from the training
-samples earns nothing on them); the client sends one in place of a training batch every ``refresh`` steps. Both ends derive every step's mask and rounding seeds from the config, the client's rank and the step,
-so only values, indices and payloads travel. The server serves its clients in turn (sequential split learning,
+samples earns nothing on them); the client sends one in place of a training batch every ``refresh`` steps.
+Both ends derive every step's mask and rounding seeds from the config, the client's rank and the step, so only
+values, indices and payloads travel. The server serves its clients in turn (sequential split learning,
 one update a client) or in parallel (:meth:`SplitServer.serve_parallel`: every client's batch in one update, the
 clients computing at the same time); :func:`fed_average` averages the clients' encoders (SplitFed), in one process
 or over a process group.
