@@ -199,6 +199,27 @@ def test_a_calibrated_record_merges_with_a_new_seed_and_is_calibrated_again_as_o
     assert slower
 
 
+def test_the_cli_says_when_a_merge_drops_a_calibration(record, tmp_path, capsys):
+    import json
+
+    from actzip_bench.cli import main
+
+    probe = {"config": {"mbps": 200.0}, "gathers": [{"bytes": n, "measured_s": 8 * n / 100e6}
+                                                    for n in (1_000, 100_000, 10_000_000)],
+             "machine": {"host_cpu": "here"}, "command": "actzip bench link"}
+    other = copy.deepcopy(record)
+    other["config"]["seeds"] = [1]
+    for row in other["rows"]:
+        row["seed"] = 1
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    paths[0].write_text(json.dumps(with_calibration(record, probe)))
+    paths[1].write_text(json.dumps(other))
+    out = tmp_path / "merged.json"
+    assert main(["bench", "decentralized", "--merge", ",".join(map(str, paths)), "--json", str(out)]) == 0
+    assert f"the link calibration of {paths[0]} was dropped" in capsys.readouterr().err.replace("\n", "")
+    assert "200mbps-50ms calibrated" not in json.loads(out.read_text())["rows"][0]["links"]
+
+
 def test_dense_loss_is_reached_only_once_a_whole_window_has_run():
     # a task whose first loss is below the final one (a fresh optimizer's first update shakes the model): the
     # first step "reaches" nothing; pca's mean over its last 2 steps does at step 4, dense's own at its last

@@ -27,6 +27,10 @@ def _bench_decentralized(args: argparse.Namespace) -> int:
             with open(path) as f:
                 records.append(json.load(f))
         record = merge_records(records)
+        dropped = [p for p, rec in zip(args.merge.split(","), records) if rec.get("link_calibration")]
+        if dropped and not args.link_calibration:
+            Console(stderr=True).print(f"bench decentralized --merge: the link calibration of {', '.join(dropped)} "
+                                       "was dropped (give --link-calibration to calibrate every seed alike)")
         if args.speed:
             from actzip_bench.decentralized import with_speed
 
