@@ -2,17 +2,19 @@
 # ModalShare alone on a fixed set of cells of the split grids, with one setting changed against the grids' own
 # ModalShare rows (same protocol: 400 steps, 3 seeds, refreshes every 50 steps, the same floors); the cells are
 # fixed here, before any of them runs: the three data sets x random, topk, dct x the grids' second and fourth
-# compressions (5x, 20x).
-# Usage: scripts/split_cells.sh OUT_DIR [jobs] [bench split options...]   (a cell whose record exists is skipped)
+# compressions (5x, 20x; COMPRESSIONS="..." for others of the grids').
+# Usage: [COMPRESSIONS="5 20"] scripts/split_cells.sh OUT_DIR [jobs] [bench split options...]
+#   (a cell whose record exists is skipped)
 #   stand-ins:  scripts/split_cells.sh results/cpu/split-absent-mean 2 --absent mean
-#   held out:   scripts/split_cells.sh results/cpu/split-heldout 2 --score-on heldout
+#   held out:   scripts/split_cells.sh results/cpu/split-heldout 2 --score-on heldout, then with
+#               COMPRESSIONS=32 (the grids' highest, added once the first set had run)
 set -uo pipefail
 out=${1:?output directory}; jobs=${2:-2}; shift $(( $# >= 2 ? 2 : $# ))
 mkdir -p "$out"
 export SPLIT_CELL_OPTIONS="$*"  # bench split options for every cell (no spaces inside one)
 for dataset in synthetic digits spoken-digits; do
   for compressor in random topk dct; do
-    for compression in 5 20; do
+    for compression in ${COMPRESSIONS:-5 20}; do
       printf '%s %s %s\n' "$dataset" "$compressor" "$compression"
     done
   done
