@@ -19,10 +19,11 @@ Policies (:data:`POLICIES`), each refreshed every ``refresh`` steps from the bat
 The score-driven policies (all but ``equal``) give every modality a floor before the scores share the rest of
 the budget: ``explore`` of its equal keep-ratio, and at least the compressor's smallest sendable payload
 (:func:`actzip.split.uplink.least_ratio`), so that a modality scored out still reaches the server and can be
-scored again. With ``score_on="heldout"`` the score-driven policies score a batch the server never trains on
-(the training split's last ``batch`` samples, kept out of their training): every ``refresh`` steps that step's
-batch is the held-out one, sent at the current keep-ratios like any other (the same payload) and scored instead
-of trained on, so a stream the server has memorized from the training samples earns nothing there. The record
+scored again. With ``score_on="heldout"`` the policies whose scores read the batch (:data:`READ_THE_BATCH`:
+all but ``equal`` and ``equal-payload``) score a batch the server never trains on (the training split's last
+``batch`` samples, kept out of their training): every ``refresh`` steps that step's batch is the held-out one,
+sent at the current keep-ratios like any other (the same payload) and scored instead of trained on, so a
+stream the server has memorized from the training samples earns nothing there. The record
 also has the bytes each way (the payloads' own) and, for ModalShare, the share of the server's compute its
 scoring took.
 """
@@ -45,9 +46,10 @@ from actzip.split.uplink import COMPRESSORS, least_ratio, send
 from actzip_bench.data.multimodal import MultimodalConfig
 from actzip_bench.split_suites import CLIENTS, SUITES, Suite, load_suite
 
-__all__ = ["POLICIES", "SplitSimConfig", "run_split_sim"]
+__all__ = ["POLICIES", "READ_THE_BATCH", "SplitSimConfig", "run_split_sim"]
 
 POLICIES = ("equal", "equal-payload", "gradient-norm", "std", "modalshare")
+READ_THE_BATCH = ("gradient-norm", "std", "modalshare")  # policies whose scores depend on the batch they score
 
 
 @dataclass
@@ -164,7 +166,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
     floor = [max(cfg.explore * e, least_ratio(cfg.compressor, (cfg.batch, *s)))
              for e, s in zip(equal, model.out_shapes)]
     history, up, down, server_s, scoring_s = [], 0.0, 0.0, 0.0, 0.0
-    heldout = cfg.score_on == "heldout" and policy != "equal"
+    heldout = cfg.score_on == "heldout" and policy in READ_THE_BATCH
     if heldout and train < 2 * cfg.batch:
         raise ConfigError(f"split sim: score_on='heldout' keeps {cfg.batch} of {train} training samples out; "
                           "too few left to train on")

@@ -35,8 +35,10 @@ def test_every_compressor_stays_within_the_budget(compressor):
 
 def test_heldout_scoring_replaces_a_training_batch_at_each_refresh_and_spends_the_same_budget():
     cfg = SplitSimConfig(steps=40, refresh=10, seeds=(0,), train=600, test=200, score_on="heldout",
-                         policies=("equal", "modalshare"))
+                         policies=("equal", "equal-payload", "modalshare"))
     rows = {r["policy"]: r for r in run_split_sim(cfg)["rows"]}
+    # equal payload reads nothing from a batch: it trains on every step as before, its gradients all come down
+    assert rows["modalshare"]["downlink_bytes"] < 0.95 * rows["equal-payload"]["downlink_bytes"]
     ms = rows["modalshare"]
     assert [h["step"] for h in ms["history"]] == [10, 20, 30, 40]
     assert ms["ratios"][1] > rows["equal"]["ratios"][1]  # the small strong stream, scored on unseen samples
