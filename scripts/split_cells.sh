@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# ModalShare alone on a fixed set of cells of the split grids, with one setting changed against the grids' own
+# ModalShare alone (or POLICIES) on a fixed set of cells of the split grids, with one setting changed against the grids' own
 # ModalShare rows (same protocol: 400 steps, 3 seeds, refreshes every 50 steps, the same floors); the cells are
 # fixed here, before any of them runs: the three data sets x random, topk, dct x the grids' second and fourth
 # compressions (5x, 20x; COMPRESSIONS="..." for others of the grids').
-# Usage: [COMPRESSIONS="5 20"] scripts/split_cells.sh OUT_DIR [jobs] [bench split options...]
+# Usage: [COMPRESSIONS="5 20"] [POLICIES=modalshare] scripts/split_cells.sh OUT_DIR [jobs] [bench split options...]
 #   (a cell whose record exists is skipped)
 #   stand-ins:  scripts/split_cells.sh results/cpu/split-absent-mean 2 --absent mean
 #   held out:   scripts/split_cells.sh results/cpu/split-heldout 2 --score-on heldout, then with
-#               COMPRESSIONS=32 (the grids' highest, added once the first set had run)
+#               COMPRESSIONS=32 (the grids' highest, added once the first set had run); the other policies
+#               that score a batch, likewise, for a comparison on equal terms (added then too):
+#               POLICIES=gradient-norm,std COMPRESSIONS="5 20 32" ... results/cpu/split-heldout-others ...
 set -uo pipefail
 out=${1:?output directory}; jobs=${2:-2}; shift $(( $# >= 2 ? 2 : $# ))
 mkdir -p "$out"
-export SPLIT_CELL_OPTIONS="$*"  # bench split options for every cell (no spaces inside one)
+export SPLIT_CELL_OPTIONS="$*" POLICIES  # bench split options for every cell (no spaces inside one)
 for dataset in synthetic digits spoken-digits; do
   for compressor in random topk dct; do
     for compression in ${COMPRESSIONS:-5 20}; do
@@ -24,5 +26,5 @@ done | xargs -P "$jobs" -L 1 bash -c '
   [ -s "$json" ] && exit 0
   client=(); [ "$dataset" = synthetic ] || client=(--dataset "$dataset" --client conv)
   python3 -m actzip_bench bench split "${client[@]}" --compressor "$compressor" --compression "$compression" \
-    --policies modalshare $SPLIT_CELL_OPTIONS --json "$json" > "${json%.json}.log" 2>&1 || echo "FAILED $json"
+    --policies "${POLICIES:-modalshare}" $SPLIT_CELL_OPTIONS --json "$json" > "${json%.json}.log" 2>&1 || echo "FAILED $json"
   rm -f "${json%.json}.png"' _
