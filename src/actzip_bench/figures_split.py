@@ -129,6 +129,7 @@ DATASET_GRIDS = {"digits": "results/cpu/split-digits", "spoken-digits": "results
 # modality's batch mean standing in for it, or scores from held-out samples
 ABSENT_MEAN = "results/cpu/split-absent-mean"
 HELDOUT = "results/cpu/split-heldout"
+HELDOUT_OTHERS = "results/cpu/split-heldout-others"  # the other policies that read the batch, held out too
 
 
 def _against_grids(root: Path, folder: str, base: str, variant: str, caption: str) -> str:
@@ -174,11 +175,42 @@ def heldout_ablation(root: Path) -> str:
     return _against_grids(root, HELDOUT, "received", "held out", "Held-out scoring against the batch received")
 
 
+def heldout_on_equal_terms(root: Path) -> str:
+    """Every policy with held-out scoring where its scores read the batch (gradient norm, std, ModalShare; the
+    grids' equal and equal-payload rows as they are: they read nothing), per cell of :data:`HELDOUT_OTHERS`."""
+    grids = {"synthetic": GRID, **DATASET_GRIDS}
+    lines = ["| data set | compressor | compression | equal | equal payload | gradient norm, held out | std, held out "
+             "| ModalShare, held out | ModalShare − equal | ModalShare − best other |", "|---|---|---:|" + "---:|" * 7]
+    gains, margins, seeds = [], [], set()
+    for path in sorted((root / HELDOUT_OTHERS).glob("*.json")):
+        others = load(root, f"{HELDOUT_OTHERS}/{path.name}")
+        c = others["config"]
+        seeds.add(len(c["seeds"]))
+        mine = load(root, f"{HELDOUT}/{path.name}")["mean_accuracy"]["modalshare"]
+        grid = _grid(root, grids[c["dataset"]])[(c["compressor"], c["compression"])]["mean_accuracy"]
+        row = {"equal": grid["equal"], "equal-payload": grid["equal-payload"], **others["mean_accuracy"]}
+        best = max(v for p, v in row.items() if p != "equal")
+        gains.append(mine - row["equal"])
+        margins.append(mine - max(best, row["equal"]))
+        lines.append(f"| {c['dataset']} | {c['compressor']} | {c['compression']:g}x | {row['equal']:.1%} | "
+                     f"{row['equal-payload']:.1%} | {row['gradient-norm']:.1%} | {row['std']:.1%} | {mine:.1%} | "
+                     f"{gains[-1] * 100:+.1f} | {margins[-1] * 100:+.1f} |")
+    if not gains:
+        raise ConfigError(f"figure: no records in {HELDOUT_OTHERS}")
+    lines += ["", f"Test accuracy, mean of {' or '.join(map(str, sorted(seeds)))} seeds, each grid's protocol, every "
+              "policy whose scores read a batch scoring held-out samples; equal keep-ratios and equal payload as in "
+              f"the grids. ModalShare against equal keep-ratios {min(gains) * 100:+.1f} to {max(gains) * 100:+.1f} "
+              f"points over {len(gains)} cells, against the best other policy {min(margins) * 100:+.1f} to "
+              f"{max(margins) * 100:+.1f} (`{HELDOUT_OTHERS}/`, `{HELDOUT}/`, the grids' directories)."]
+    return "\n".join(lines)
+
+
 def _for(render, grid):
     return lambda root: render(root, grid)
 
 
 RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "split-codecs": codec_grid,
              "split-absent": absent_ablation, "split-heldout": heldout_ablation,
+             "split-heldout-others": heldout_on_equal_terms,
              **{f"split-policies-{name}": _for(policy_grid, grid) for name, grid in DATASET_GRIDS.items()},
              **{f"split-codecs-{name}": _for(codec_grid, grid) for name, grid in DATASET_GRIDS.items()}}

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from actzip.errors import ConfigError
-from actzip_bench.figures_split import GRID, HELDOUT, RUNS, codec_grid, heldout_ablation, modalshare, policy_grid
+from actzip_bench.figures_split import (GRID, HELDOUT, HELDOUT_OTHERS, RUNS, codec_grid, heldout_ablation,
+                                       heldout_on_equal_terms, modalshare, policy_grid)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,3 +49,20 @@ def test_modalshare_alone_with_one_setting_changed_is_set_against_its_grid_cell(
     (tmp_path / HELDOUT / "synthetic-topk-5.json").unlink()
     with pytest.raises(ConfigError, match="no records"):
         heldout_ablation(tmp_path)
+
+
+def test_modalshare_held_out_is_set_against_the_other_policies_held_out(tmp_path):
+    (tmp_path / GRID).mkdir(parents=True)
+    for path in (REPO / GRID).glob("*-5.json"):
+        shutil.copy(path, tmp_path / GRID / path.name)
+    cell = json.loads((REPO / GRID / "topk-5.json").read_text())
+    config = {**cell["config"], "dataset": "synthetic"}
+    acc = cell["mean_accuracy"]
+    for folder, mean in ((HELDOUT, {"modalshare": 0.9}), (HELDOUT_OTHERS, {"gradient-norm": 0.95, "std": 0.5})):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "synthetic-topk-5.json").write_text(json.dumps({"config": config, "mean_accuracy": mean}))
+    text = heldout_on_equal_terms(tmp_path)
+    assert f"| {(0.9 - acc['equal']) * 100:+.1f} | -5.0 |" in text  # 5 points below gradient norm held out
+    (tmp_path / HELDOUT / "synthetic-topk-5.json").unlink()
+    with pytest.raises(ConfigError):  # ModalShare's own held-out record is needed beside the others'
+        heldout_on_equal_terms(tmp_path)
