@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# ModalShare alone (or POLICIES) on a fixed set of cells of the split grids, with one setting changed against the grids' own
-# ModalShare rows (same protocol: 400 steps, 3 seeds, refreshes every 50 steps, the same floors); the cells are
-# fixed here, before any of them runs: the three data sets x random, topk, dct x the grids' second and fourth
+# ModalShare alone (or POLICIES) on a fixed set of cells of the split grids, with one setting changed against
+# the grids' own rows (same protocol: 400 steps, 3 seeds, refreshes every 50 steps, the same floors); the cells
+# are fixed here, before any of them runs: the three data sets x random, topk, dct x the grids' second and fourth
 # compressions (5x, 20x; COMPRESSIONS="..." for others of the grids').
 # Usage: [COMPRESSIONS="5 20"] [POLICIES=modalshare] scripts/split_cells.sh OUT_DIR [jobs] [bench split options...]
 #   (a cell whose record exists is skipped)
