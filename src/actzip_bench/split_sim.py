@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -86,6 +86,10 @@ class SplitSimConfig:
     # what the score-driven policies score (SCORE_ON): "received" (the batch the server has just trained on) or
     # "heldout" (one batch of training samples they never train on, sent in place of a training batch at refreshes)
     score_on: str = "received"
+    # synthetic suite only: from this step on the training batches (and the test) come from samples where the
+    # image stream carries the class and the sensor is silent (MultimodalConfig.switch_at): usefulness changes
+    # mid-training; None: no switch
+    switch_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.dataset not in SUITES:
@@ -102,6 +106,9 @@ class SplitSimConfig:
             raise ConfigError(f"split sim: compressor must be one of {COMPRESSORS}, got {self.compressor!r}")
         if self.absent not in ABSENT:
             raise ConfigError(f"split sim: absent must be one of {ABSENT}, got {self.absent!r}")
+        if self.switch_step is not None and (self.dataset != "synthetic" or not 0 < self.switch_step < self.steps):
+            raise ConfigError(f"split sim: switch_step needs the synthetic suite and a step in (0, steps={self.steps}), "
+                              f"got {self.switch_step} on {self.dataset!r}")
         if self.score_on not in SCORE_ON:
             raise ConfigError(f"split sim: score_on must be one of {SCORE_ON}, got {self.score_on!r}")
         unknown = set(self.policies) - set(POLICIES)
@@ -171,7 +178,10 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
         raise ConfigError(f"split sim: score_on='heldout' keeps {cfg.batch} of {train} training samples out; "
                           "too few left to train on")
     pool = train - cfg.batch if heldout else train  # training samples drawn from
-    scoring_idx = torch.arange(pool, train)
+    after = train + test if cfg.switch_step is not None else 0  # where the samples after a switch start
+
+    def offset(step: int) -> int:
+        return after if cfg.switch_step is not None and step >= cfg.switch_step else 0
 
     def rescore(sent, labels, step):
         nonlocal ratios, scoring_s
@@ -185,12 +195,13 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
         refresh = policy != "equal" and (step + 1) % cfg.refresh == 0
         if heldout and refresh:  # this step's batch is the held-out one: sent, scored, not trained on
             with torch.no_grad():
+                scoring_idx = torch.arange(pool, train) + offset(step)
                 sent = model.send([x[scoring_idx] for x in xs], ratios, cfg.compressor,
                                   (seed * 100_003 + step) * 7919)
             up += sum(s.uplink_bytes for s in sent)
             rescore(sent, y[scoring_idx], step)
             continue
-        idx = torch.randint(0, pool, (cfg.batch,), generator=gen)
+        idx = torch.randint(0, pool, (cfg.batch,), generator=gen) + offset(step)
         sent = model.send([x[idx] for x in xs], ratios, cfg.compressor, (seed * 100_003 + step) * 7919)
         t0 = time.perf_counter()
         loss = F.cross_entropy(model.serve([s.view for s in sent]), y[idx])
@@ -203,7 +214,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
         if refresh:
             rescore(sent, y[idx], step)
     with torch.no_grad():
-        test = torch.arange(train, train + test)
+        test = torch.arange(train, train + test) + offset(cfg.steps)
         views = [s.view for s in model.send([x[test] for x in xs], ratios, cfg.compressor, seed * 7919 + 7917)]
         acc = float((model.serve(views).argmax(1) == y[test]).float().mean())
     dense = cfg.batch * sum(sizes) * 2  # bf16 bytes a step
@@ -217,7 +228,13 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
 def run_split_sim(cfg: SplitSimConfig, suite: MultimodalConfig | None = None, progress=None) -> dict:
     """Every policy on every seed; rows and the mean accuracy per policy. ``suite`` sets the synthetic suite's
     shape (the other data sets take theirs from ``cfg``)."""
-    data = load_suite(cfg.dataset, root=cfg.data_root, train=cfg.train, test=cfg.test, synthetic=suite)
+    if cfg.switch_step is not None:  # the samples before the switch, then as many after it
+        train, test = cfg.train or 5000, cfg.test or 1000
+        base = suite or MultimodalConfig()
+        suite = replace(base, n=2 * (train + test), switch_at=train + test)
+        data = load_suite(cfg.dataset, train=train, test=test, synthetic=suite)
+    else:
+        data = load_suite(cfg.dataset, root=cfg.data_root, train=cfg.train, test=cfg.test, synthetic=suite)
     rows = []
     for seed in cfg.seeds:
         for policy in cfg.policies:

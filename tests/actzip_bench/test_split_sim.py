@@ -50,6 +50,21 @@ def test_heldout_scoring_replaces_a_training_batch_at_each_refresh_and_spends_th
                                      policies=("modalshare",)))
 
 
+def test_after_a_mid_training_switch_modalshare_moves_the_budget_to_the_stream_that_became_useful():
+    cfg = SplitSimConfig(steps=80, refresh=10, seeds=(0,), train=600, test=200, switch_step=40,
+                         policies=("equal", "modalshare"))
+    rec = run_split_sim(cfg)
+    assert rec["suite"]["switch_at"] == 800 and rec["suite"]["n"] == 1600  # before the switch, then as many after
+    ms = next(r for r in rec["rows"] if r["policy"] == "modalshare")
+    before = next(h["ratios"] for h in ms["history"] if h["step"] == 40)  # scored on the last batch before
+    assert before[1] > before[0]  # the sensor first
+    assert ms["ratios"][0] > before[0] and ms["ratios"][1] < before[1]  # then the image, the sensor silent
+    with pytest.raises(ConfigError, match="switch_step"):
+        SplitSimConfig(dataset="digits", switch_step=10)
+    with pytest.raises(ConfigError, match="switch_step"):
+        SplitSimConfig(steps=10, switch_step=10)
+
+
 def test_bad_settings_are_refused():
     for bad in ({"widths": (8, 0)}, {"compression": 0.5}, {"policies": ("equal", "oracle")}, {"compressor": "zip"},
                 {"dataset": "mnist"}, {"client": "mlp"}, {"channels": 0}, {"score_on": "test"}):

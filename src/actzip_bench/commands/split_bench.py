@@ -71,6 +71,8 @@ def add_parsers(bench) -> None:
     sb.add_argument("--score-on", help="what the score-driven policies score: received (default: the batch just "
                     "trained on) or heldout (a batch of training samples they never train on, sent in place of a "
                     "training batch at each refresh)")
+    sb.add_argument("--switch-step", type=int, help="synthetic suite only: from this step on the image stream "
+                    "carries the class and the sensor is silent (training and test samples after the switch)")
     sb.add_argument("--steps", type=int)
     sb.add_argument("--refresh", type=int, help="steps between ModalShare's score refreshes")
     sb.add_argument("--explore", type=float, help="share of its equal keep-ratio every modality keeps under the "
