@@ -205,12 +205,50 @@ def heldout_on_equal_terms(root: Path) -> str:
     return "\n".join(lines)
 
 
+SWITCH = "results/cpu/split-switch"  # the synthetic grid's protocol with a mid-training switch (--switch-step)
+_POLICY_NAMES = {"equal": "equal", "equal-payload": "equal payload", "gradient-norm": "gradient norm",
+                 "std": "SplitFC-style std", "modalshare": "ModalShare"}
+
+
+def switch_table(root: Path) -> str:
+    """Each policy's test accuracy after a mid-training switch of the informative stream, and where its budget
+    went: the image's and the sensor's keep-ratios at the last refresh before the switch and at the end."""
+    lines = ["| compression | policy | accuracy after the switch | image, sensor ratio before | image, sensor ratio "
+             "at the end |", "|---:|---|---:|---:|---:|"]
+    recs = [load(root, f"{SWITCH}/{p.name}") for p in sorted((root / SWITCH).glob("*.json"))]
+    if not recs:
+        raise ConfigError(f"figure: no records in {SWITCH}")
+    for rec in sorted(recs, key=lambda r: r["config"]["compression"]):
+        c = rec["config"]
+        for policy in c["policies"]:
+            rows = [r for r in rec["rows"] if r["policy"] == policy]
+            accs = [r["accuracy"] for r in rows]
+
+            def before(row):  # the last refresh's ratios before the switch (equal keep-ratios never change)
+                hist = [h for h in row["history"] if h["step"] <= c["switch_step"]]
+                return hist[-1]["ratios"] if hist else row["ratios"]
+
+            pre = [before(r) for r in rows]
+            end = [r["ratios"] for r in rows]
+            mean = lambda ratios, i: sum(r[i] for r in ratios) / len(ratios)  # noqa: E731
+            lines.append(f"| {c['compression']:g}x | {_POLICY_NAMES.get(policy, policy)} | "
+                         f"{sum(accs) / len(accs):.1%} ({min(accs):.1%}–{max(accs):.1%}) | "
+                         f"{mean(pre, 0):.3f}, {mean(pre, 1):.3f} | {mean(end, 0):.3f}, {mean(end, 1):.3f} |")
+    c = recs[0]["config"]
+    lines += ["", f"Synthetic suite, the grid's protocol ({c['steps']} steps, refreshes every {c['refresh']}, "
+              f"`{c['compressor']}`), {len(c['seeds'])} seeds: from step {c['switch_step']} on, training and test "
+              "samples have the image's patch clean and the sensor silent (before it, the sensor carries the class "
+              "and the patch is noisy). Test accuracy on samples after the switch, mean (lowest–highest); keep-ratios "
+              f"are shares of each stream's dense payload, mean of the seeds (`{SWITCH}/`)."]
+    return "\n".join(lines)
+
+
 def _for(render, grid):
     return lambda root: render(root, grid)
 
 
 RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "split-codecs": codec_grid,
              "split-absent": absent_ablation, "split-heldout": heldout_ablation,
-             "split-heldout-others": heldout_on_equal_terms,
+             "split-heldout-others": heldout_on_equal_terms, "split-switch": switch_table,
              **{f"split-policies-{name}": _for(policy_grid, grid) for name, grid in DATASET_GRIDS.items()},
              **{f"split-codecs-{name}": _for(codec_grid, grid) for name, grid in DATASET_GRIDS.items()}}

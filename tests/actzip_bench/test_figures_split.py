@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from actzip.errors import ConfigError
-from actzip_bench.figures_split import (GRID, HELDOUT, HELDOUT_OTHERS, RUNS, codec_grid, heldout_ablation,
-                                       heldout_on_equal_terms, modalshare, policy_grid)
+from actzip_bench.figures_split import (GRID, HELDOUT, HELDOUT_OTHERS, RUNS, SWITCH, codec_grid, heldout_ablation,
+                                       heldout_on_equal_terms, modalshare, policy_grid, switch_table)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,3 +66,16 @@ def test_modalshare_held_out_is_set_against_the_other_policies_held_out(tmp_path
     (tmp_path / HELDOUT / "synthetic-topk-5.json").unlink()
     with pytest.raises(ConfigError):  # ModalShare's own held-out record is needed beside the others'
         heldout_on_equal_terms(tmp_path)
+
+
+def test_the_switch_table_shows_where_each_policy_moved_its_budget(tmp_path):
+    (tmp_path / SWITCH).mkdir(parents=True)
+    config = {"compression": 5.0, "compressor": "random", "steps": 400, "refresh": 50, "switch_step": 200,
+              "seeds": [0], "policies": ["equal", "modalshare"]}
+    rows = [{"policy": "equal", "accuracy": 0.5, "ratios": [0.2, 0.2, 0.2], "history": []},
+            {"policy": "modalshare", "accuracy": 0.75, "ratios": [0.4, 0.05, 0.01],
+             "history": [{"step": 200, "ratios": [0.1, 1.0, 0.01]}, {"step": 250, "ratios": [0.4, 0.05, 0.01]}]}]
+    (tmp_path / SWITCH / "random-5.json").write_text(json.dumps({"config": config, "rows": rows}))
+    text = switch_table(tmp_path)
+    assert "| 5x | ModalShare | 75.0% (75.0%–75.0%) | 0.100, 1.000 | 0.400, 0.050 |" in text
+    assert "| 5x | equal | 50.0% (50.0%–50.0%) | 0.200, 0.200 | 0.200, 0.200 |" in text
