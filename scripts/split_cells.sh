@@ -9,7 +9,8 @@
 #   held out:   scripts/split_cells.sh results/cpu/split-heldout 2 --score-on heldout, then with
 #               COMPRESSIONS=32 (the grids' highest, added once the first set had run); the other policies
 #               that score a batch, likewise, for a comparison on equal terms (added then too):
-#               POLICIES=gradient-norm,std COMPRESSIONS="5 20 32" ... results/cpu/split-heldout-others ...
+#               POLICIES=gradient-norm,std COMPRESSIONS="5 20 32" ... results/cpu/split-heldout-others ...;
+#               last both again with COMPRESSIONS="2 10" (the grids' other compressions)
 set -uo pipefail
 out=${1:?output directory}; jobs=${2:-2}; shift $(( $# >= 2 ? 2 : $# ))
 mkdir -p "$out"
