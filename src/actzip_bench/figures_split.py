@@ -132,20 +132,32 @@ HELDOUT = "results/cpu/split-heldout"
 HELDOUT_OTHERS = "results/cpu/split-heldout-others"  # the other policies that read the batch, held out too
 
 
-def _against_grids(root: Path, folder: str, base: str, variant: str, caption: str) -> str:
-    """ModalShare of ``folder``'s records (labelled ``variant``) against the grids' own ModalShare (``base``),
-    equal keep-ratios and the best other policy of the same grid cell."""
+def _cells(root: Path, folder: str):
+    """Each record of ``folder`` (one grid cell's policies run again) with its grid cell's mean accuracies, and
+    the seed counts seen; no record is an error."""
     grids = {"synthetic": GRID, **DATASET_GRIDS}
-    lines = [f"| data set | compressor | compression | equal | best other | ModalShare, {base} | ModalShare, "
-             f"{variant} | {variant} − {base} | {variant} − equal | {variant} − best other |",
-             "|---|---|---:|" + "---:|" * 7]
-    diffs, gains, margins, seeds = [], [], [], set()
+    cells, seeds = [], set()
     for path in sorted((root / folder).glob("*.json")):
         rec = load(root, f"{folder}/{path.name}")
         c = rec["config"]
         seeds.add(len(c["seeds"]))
-        cell = _grid(root, grids[c["dataset"]])[(c["compressor"], c["compression"])]
-        m = cell["mean_accuracy"]
+        cells.append((path.name, rec, _grid(root, grids[c["dataset"]])[(c["compressor"], c["compression"])]
+                      ["mean_accuracy"]))
+    if not cells:
+        raise ConfigError(f"figure: no records in {folder}")
+    return cells, " or ".join(map(str, sorted(seeds)))
+
+
+def _against_grids(root: Path, folder: str, base: str, variant: str, caption: str) -> str:
+    """ModalShare of ``folder``'s records (labelled ``variant``) against the grids' own ModalShare (``base``),
+    equal keep-ratios and the best other policy of the same grid cell."""
+    lines = [f"| data set | compressor | compression | equal | best other | ModalShare, {base} | ModalShare, "
+             f"{variant} | {variant} − {base} | {variant} − equal | {variant} − best other |",
+             "|---|---|---:|" + "---:|" * 7]
+    diffs, gains, margins = [], [], []
+    cells, seeds = _cells(root, folder)
+    for _, rec, m in cells:
+        c = rec["config"]
         best = max(v for p, v in m.items() if p not in ("modalshare", "equal"))
         got = rec["mean_accuracy"]["modalshare"]
         diffs.append(got - m["modalshare"])
@@ -154,9 +166,7 @@ def _against_grids(root: Path, folder: str, base: str, variant: str, caption: st
         lines.append(f"| {c['dataset']} | {c['compressor']} | {c['compression']:g}x | {m['equal']:.1%} | "
                      f"{best:.1%} | {m['modalshare']:.1%} | {got:.1%} | {diffs[-1] * 100:+.1f} | "
                      f"{gains[-1] * 100:+.1f} | {margins[-1] * 100:+.1f} |")
-    if not diffs:
-        raise ConfigError(f"figure: no records in {folder}")
-    lines += ["", f"Test accuracy, mean of {' or '.join(map(str, sorted(seeds)))} seeds, each grid's protocol; \"best "
+    lines += ["", f"Test accuracy, mean of {seeds} seeds, each grid's protocol; \"best "
               f"other\": the best of the grid's policies other than equal keep-ratios and ModalShare. {caption}: "
               f"{min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f} points over {len(diffs)} cells; ModalShare "
               f"{variant} against equal keep-ratios {min(gains) * 100:+.1f} to {max(gains) * 100:+.1f}, against "
@@ -178,16 +188,13 @@ def heldout_ablation(root: Path) -> str:
 def heldout_on_equal_terms(root: Path) -> str:
     """Every policy with held-out scoring where its scores read the batch (gradient norm, std, ModalShare; the
     grids' equal and equal-payload rows as they are: they read nothing), per cell of :data:`HELDOUT_OTHERS`."""
-    grids = {"synthetic": GRID, **DATASET_GRIDS}
     lines = ["| data set | compressor | compression | equal | equal payload | gradient norm, held out | std, held out "
              "| ModalShare, held out | ModalShare − equal | ModalShare − best other |", "|---|---|---:|" + "---:|" * 7]
-    gains, margins, seeds = [], [], set()
-    for path in sorted((root / HELDOUT_OTHERS).glob("*.json")):
-        others = load(root, f"{HELDOUT_OTHERS}/{path.name}")
+    gains, margins = [], []
+    cells, seeds = _cells(root, HELDOUT_OTHERS)
+    for name, others, grid in cells:
         c = others["config"]
-        seeds.add(len(c["seeds"]))
-        mine = load(root, f"{HELDOUT}/{path.name}")["mean_accuracy"]["modalshare"]
-        grid = _grid(root, grids[c["dataset"]])[(c["compressor"], c["compression"])]["mean_accuracy"]
+        mine = load(root, f"{HELDOUT}/{name}")["mean_accuracy"]["modalshare"]
         row = {"equal": grid["equal"], "equal-payload": grid["equal-payload"], **others["mean_accuracy"]}
         best = max(v for p, v in row.items() if p != "equal")
         gains.append(mine - row["equal"])
@@ -195,9 +202,7 @@ def heldout_on_equal_terms(root: Path) -> str:
         lines.append(f"| {c['dataset']} | {c['compressor']} | {c['compression']:g}x | {row['equal']:.1%} | "
                      f"{row['equal-payload']:.1%} | {row['gradient-norm']:.1%} | {row['std']:.1%} | {mine:.1%} | "
                      f"{gains[-1] * 100:+.1f} | {margins[-1] * 100:+.1f} |")
-    if not gains:
-        raise ConfigError(f"figure: no records in {HELDOUT_OTHERS}")
-    lines += ["", f"Test accuracy, mean of {' or '.join(map(str, sorted(seeds)))} seeds, each grid's protocol, every "
+    lines += ["", f"Test accuracy, mean of {seeds} seeds, each grid's protocol, every "
               "policy whose scores read a batch scoring held-out samples; equal keep-ratios and equal payload as in "
               f"the grids. ModalShare against equal keep-ratios {min(gains) * 100:+.1f} to {max(gains) * 100:+.1f} "
               f"points over {len(gains)} cells, against the best other policy {min(margins) * 100:+.1f} to "

@@ -34,13 +34,19 @@ def test_an_empty_grid_is_an_error(tmp_path):
         policy_grid(tmp_path)
 
 
-def test_modalshare_alone_with_one_setting_changed_is_set_against_its_grid_cell(tmp_path):
-    (tmp_path / GRID).mkdir(parents=True)
+def _grid_at_5x(root):
+    """The synthetic grid's records at 5x, copied under ``root``."""
+    (root / GRID).mkdir(parents=True)
     for path in (REPO / GRID).glob("*-5.json"):
-        shutil.copy(path, tmp_path / GRID / path.name)
+        shutil.copy(path, root / GRID / path.name)
+
+
+def test_modalshare_alone_with_one_setting_changed_is_set_against_its_grid_cell(tmp_path):
+    _grid_at_5x(tmp_path)
     (tmp_path / HELDOUT).mkdir(parents=True)
     cell = json.loads((REPO / GRID / "topk-5.json").read_text())
-    mine = {**cell, "config": {**cell["config"], "dataset": "synthetic"}, "rows": [r for r in cell["rows"] if r["policy"] == "modalshare"],
+    mine = {**cell, "config": {**cell["config"], "dataset": "synthetic"},
+            "rows": [r for r in cell["rows"] if r["policy"] == "modalshare"],
             "mean_accuracy": {"modalshare": cell["mean_accuracy"]["modalshare"] + 0.01}}
     (tmp_path / HELDOUT / "synthetic-topk-5.json").write_text(json.dumps(mine))
     text = heldout_ablation(tmp_path)
@@ -52,9 +58,7 @@ def test_modalshare_alone_with_one_setting_changed_is_set_against_its_grid_cell(
 
 
 def test_modalshare_held_out_is_set_against_the_other_policies_held_out(tmp_path):
-    (tmp_path / GRID).mkdir(parents=True)
-    for path in (REPO / GRID).glob("*-5.json"):
-        shutil.copy(path, tmp_path / GRID / path.name)
+    _grid_at_5x(tmp_path)
     cell = json.loads((REPO / GRID / "topk-5.json").read_text())
     config = {**cell["config"], "dataset": "synthetic"}
     acc = cell["mean_accuracy"]
