@@ -23,7 +23,9 @@ scored again. With ``score_on="heldout"`` the policies whose scores read the bat
 all but ``equal`` and ``equal-payload``) score a batch the server never trains on (the training split's last
 ``batch`` samples, kept out of their training): every ``refresh`` steps that step's batch is the held-out one,
 sent at the current keep-ratios like any other (the same payload) and scored instead of trained on, so a
-stream the server has memorized from the training samples earns nothing there. The record
+stream the server has memorized from the training samples earns nothing there. With ``switch_step`` (the
+synthetic suite) the training batches from that step on, and the test, come from samples where the image
+stream carries the class and the sensor is silent: usefulness changes mid-training. The record
 also has the bytes each way (the payloads' own) and, for ModalShare, the share of the server's compute its
 scoring took.
 """
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
@@ -178,10 +180,8 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
         raise ConfigError(f"split sim: score_on='heldout' keeps {cfg.batch} of {train} training samples out; "
                           "too few left to train on")
     pool = train - cfg.batch if heldout else train  # training samples drawn from
-    after = train + test if cfg.switch_step is not None else 0  # where the samples after a switch start
-
-    def offset(step: int) -> int:
-        return after if cfg.switch_step is not None and step >= cfg.switch_step else 0
+    def offset(step: int) -> int:  # where this step's samples start: after a switch, past the first train + test
+        return train + test if cfg.switch_step is not None and step >= cfg.switch_step else 0
 
     def rescore(sent, labels, step):
         nonlocal ratios, scoring_s
@@ -228,13 +228,8 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
 def run_split_sim(cfg: SplitSimConfig, suite: MultimodalConfig | None = None, progress=None) -> dict:
     """Every policy on every seed; rows and the mean accuracy per policy. ``suite`` sets the synthetic suite's
     shape (the other data sets take theirs from ``cfg``)."""
-    if cfg.switch_step is not None:  # the samples before the switch, then as many after it
-        train, test = cfg.train or 5000, cfg.test or 1000
-        base = suite or MultimodalConfig()
-        suite = replace(base, n=2 * (train + test), switch_at=train + test)
-        data = load_suite(cfg.dataset, train=train, test=test, synthetic=suite)
-    else:
-        data = load_suite(cfg.dataset, root=cfg.data_root, train=cfg.train, test=cfg.test, synthetic=suite)
+    data = load_suite(cfg.dataset, root=cfg.data_root, train=cfg.train, test=cfg.test, synthetic=suite,
+                      switched=cfg.switch_step is not None)  # the samples before a switch, then as many after
     rows = []
     for seed in cfg.seeds:
         for policy in cfg.policies:

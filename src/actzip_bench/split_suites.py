@@ -15,7 +15,7 @@ The samples come shuffled by each loader's seed, so a cut by index is a random s
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -85,14 +85,20 @@ def _from_disk(name: str, root: str | None):
 
 
 def load_suite(name: str, *, root: str | None = None, train: int | None = None, test: int | None = None,
-               synthetic: MultimodalConfig | None = None) -> Suite:
-    """Load data set ``name`` (``root``: its local copy, for those read from disk) and cut it."""
+               synthetic: MultimodalConfig | None = None, switched: bool = False) -> Suite:
+    """Load data set ``name`` (``root``: its local copy, for those read from disk) and cut it. ``switched``
+    (synthetic only): ``train + test`` samples as usual, then as many more after the suite's switch of which
+    stream is informative (``MultimodalConfig.switch_at``), from index ``train + test`` on."""
     if name not in SUITES:
         raise ConfigError(f"split sim: dataset must be one of {SUITES}, got {name!r}")
+    if switched and name != "synthetic":
+        raise ConfigError(f"split sim: only the synthetic suite has a switch, got {name!r}")
     if name == "synthetic":
         train = 5000 if train is None else train
         test = 1000 if test is None else test
         suite = synthetic or MultimodalConfig(n=train + test)
+        if switched:
+            suite = replace(suite, n=2 * (train + test), switch_at=train + test)
         streams, labels = make_multimodal(suite)
         train, test = _cut(name, suite.n, train, test)
         return Suite(name, streams, labels, train, test, asdict(suite))

@@ -5,6 +5,7 @@ import pytest
 
 from actzip.errors import ConfigError
 from actzip_bench.split_sim import POLICIES, SplitSimConfig, run_split_sim
+from actzip_bench.split_suites import load_suite
 
 
 def test_policies_spend_the_same_budget_and_modalshare_favours_the_sensor():
@@ -63,6 +64,8 @@ def test_after_a_mid_training_switch_modalshare_moves_the_budget_to_the_stream_t
         SplitSimConfig(dataset="digits", switch_step=10)
     with pytest.raises(ConfigError, match="switch_step"):
         SplitSimConfig(steps=10, switch_step=10)
+    with pytest.raises(ConfigError, match="only the synthetic suite has a switch"):
+        load_suite("digits", switched=True)
 
 
 def test_bad_settings_are_refused():
