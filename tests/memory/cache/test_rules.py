@@ -137,3 +137,23 @@ def test_the_4bit_preset_lowers_the_nonlinear_floor_to_4_bits_only():
     preset_rules("4bit", treatments={"nonlinear_input": "quant4-sr"})  # its own floor
     with pytest.raises(ConfigError, match=r"at least 4 bits, got 'quant2-rn' \(only the 4bit preset opts out"):
         preset_rules("4bit", treatments={"nonlinear_input": "quant2-rn"})
+
+
+def test_static_rules_decide_once_per_kind_of_tensor_and_others_every_time():
+    import actzip
+    from actzip.memory.cache.rules import Rule, is_leaf_storage
+
+    def run(static: bool) -> int:
+        calls = []
+        rules = [Rule("leaf", is_leaf_storage, static=True),
+                 Rule("kept", lambda t: calls.append(1) or True, static=static)]
+        cache = actzip.cache(rules=rules)
+        x = torch.randn(8, 8, requires_grad=True)
+        for _ in range(3):
+            with cache:
+                (x * 2).sin().cos().sum().backward()  # sin and cos save their same-sized inputs
+        assert cache.last.by_rule["kept"].tensors >= 2
+        return len(calls)
+
+    assert run(static=True) == 1
+    assert run(static=False) >= 6

@@ -80,6 +80,10 @@ class CacheConfig(Config):
     offload: bool | OffloadConfig = False  # True or an OffloadConfig: what the rules store goes to pinned CPU memory
     dedup: bool = True  # a tensor saved twice (same storage, view and version) is stored once
     track_roles: bool | None = None  # enter a RoleTracker in the block; None: when a rule asks for roles
+    # With roles tracked: after a tracked step, the next recheck_every steps take each save's role from that
+    # step's by position, checked save by save, with no tracker over every torch call (actzip.memory.cache
+    # .role_plan); False tracks every step.
+    replay: bool = True
     # Under torch.compile, write the quant codec in the graph's own tensor operations, which the compiler fuses
     # with the kernels around them (no host work per saved tensor; longer compiles), instead of the codec's
     # custom op (actzip.memory.cache.compiled_quant).
@@ -115,7 +119,7 @@ class CacheConfig(Config):
             raise ConfigError(f"CacheConfig.treatments must be a dict {{role: treatment}}, got {self.treatments!r}")
         if not isinstance(self.offload, (bool, OffloadConfig)):
             raise ConfigError(f"CacheConfig.offload must be True, False or an OffloadConfig, got {self.offload!r}")
-        for name in ("allow_lossy", "dedup"):
+        for name in ("allow_lossy", "dedup", "replay"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"CacheConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.track_roles not in (None, True, False):

@@ -46,14 +46,16 @@ from actzip.memory.cache.compiled import compiled_graph_inputs, made_by_graph, w
 from actzip.memory.cache.compiled_placement import install as install_placement
 from actzip.memory.cache.config import CacheConfig
 from actzip.memory.cache.graph_hooks import announce, hook_pair, not_traced
-from actzip.memory.cache.roles import RoleTracker, assumed_role, role_query
-from actzip.memory.cache.rules import Rule, count_only_rules, same_treatment
+from actzip.memory.cache.role_plan import UNPLANNED, RolePlan
+from actzip.memory.cache.roles import RoleTracker, assumed_role, current_role, role_query, settle_role
+from actzip.memory.cache.rules import Rule, count_only_rules, is_leaf_storage, same_treatment
 from actzip.memory.cache.stored import StoredActivation
 
 __all__ = ["ActivationCache", "CacheContext", "CachedActivation", "cache"]
 
 # Options that still mean something when the rules are given: the rest only shape a preset's rules.
-_OPTIONS_WITH_RULES = ("dedup", "track_roles", "fuse_compiled")
+_UNDECIDED = object()  # not yet in a cache's decisions
+_OPTIONS_WITH_RULES = ("dedup", "track_roles", "fuse_compiled", "replay", "recheck_every")
 
 
 class CachedActivation(StoredActivation):
@@ -117,12 +119,16 @@ class CacheContext:
         track = self.config.track_roles
         # whether the block runs under a RoleTracker: when a rule asks for roles, unless the config says
         self.track_roles: bool = any(r.needs_role for r in self.rules) if track is None else track
+        # the roles of a tracked step, replayed by position in the next steps (no tracker over every torch call)
+        self.role_plan = RolePlan(self.config.recheck_every if self.config.replay else 0)
         self.history: list[StepAccount] = []
         self._hooks = None
         self._tracker: RoleTracker | None = None
         self._account: StepAccount | None = None
         self._seen: dict[tuple, tuple[StorageWeakRef, weakref.ref]] = {}
         self._rule_of: dict[int, Rule | None] = {}  # id of a live lossy save -> the rule that made it
+        # (role, dtype, layout, nested, bytes, leaf) -> the rule that decides: when every rule is static
+        self._decisions: dict[tuple, Rule | None] | None = {} if all(r.static for r in self.rules) else None
         # saves stored so far in the open `with` block, minus one: names a save site (None while rules are only
         # asked about a tensor, not storing it)
         self.save_index: int | None = -1
@@ -152,7 +158,8 @@ class CacheContext:
         self.save_index = -1
         self._seen.clear()
         self._rule_of.clear()
-        if self.track_roles:  # a fresh tracker each block: modes are entered once each
+        # a fresh tracker each tracked block (modes are entered once each); none where the plan gives the roles
+        if self.track_roles and not self.role_plan.start():
             self._tracker = RoleTracker()
             self._tracker.__enter__()
         install_placement()  # compiled graphs encode and decode next to the uses (once per process)
@@ -168,6 +175,8 @@ class CacheContext:
         if self._tracker is not None:
             self._tracker.__exit__(*exc)
             self._tracker = None
+        if self.track_roles:
+            self.role_plan.finish(completed=exc[0] is None)
         self.history.append(self._account)
         self._account = None
         self._seen.clear()
@@ -190,6 +199,13 @@ class CacheContext:
 
     def _pack(self, t: torch.Tensor) -> CachedActivation:
         with role_query():  # the rules ask for t's role, each of them: work it out once
+            if self.track_roles:
+                role = self.role_plan.role(t)  # the tracker's (and recorded), or the plan's
+                if role is None:  # a replayed step that left its plan: kept, no role guessed
+                    self.save_index += 1
+                    self._account.add(UNPLANNED, t.numel() * t.element_size(), t.numel() * t.element_size())
+                    return CachedActivation(t.detach(), None, None)
+                settle_role(t, role)
             return self._pack_in_query(t)
 
     def _pack_in_query(self, t: torch.Tensor) -> CachedActivation:
@@ -221,9 +237,22 @@ class CacheContext:
     def _rule_for(self, t: torch.Tensor) -> Rule | None:
         index, self.save_index = self.save_index, None  # a question about t, not a save: no save site
         try:
-            return next((rule for rule in self.rules if rule.matches(t)), None)
+            return self._decide(t)
         finally:
             self.save_index = index
+
+    def _decide(self, t: torch.Tensor) -> Rule | None:
+        """The first rule that matches ``t``; remembered by what static rules read (role, dtype, layout, size,
+        leafness) when every rule is static."""
+        memo = self._decisions
+        if memo is None:
+            return next((rule for rule in self.rules if rule.matches(t)), None)
+        key = (current_role(t) if self.track_roles else None, t.dtype, t.layout, t.is_nested,
+               t.numel() * t.element_size(), is_leaf_storage(t))
+        rule = memo.get(key, _UNDECIDED)
+        if rule is _UNDECIDED:
+            rule = memo[key] = next((rule for rule in self.rules if rule.matches(t)), None)
+        return rule
 
     def _store(self, t: torch.Tensor) -> tuple[CachedActivation, Rule | None]:
         self.save_index += 1
@@ -234,22 +263,24 @@ class CacheContext:
                 self._account.add_compiled(dense)
                 warn_uncompressed(t.shape, t.dtype)
                 return CachedActivation(t.detach(), None, None), None
-        for rule in self.rules:
-            if rule.matches(t):
-                name, saved, stored = rule.name, CachedActivation(t.detach(), None, None), dense
-                if rule.codec is not None:
-                    payload = rule.codec.encode(t, name=_Name(t))
-                    nbytes = payload.nbytes
-                    if nbytes >= dense:  # no gain: keep the tensor, drop the payload
-                        name = "incompressible"
-                    else:
-                        saved, stored = CachedActivation(None, payload, rule.codec), nbytes
-                if rule.offload is not None:  # to pinned CPU memory; `stored` becomes the device bytes kept
-                    saved, stored = rule.offload.stash(saved, stored)
-                self._account.add(name, dense, stored)
-                return saved, rule
-        self._account.add("unmatched", dense, dense)
-        return CachedActivation(t.detach(), None, None), None
+        rule = self._decide(t)
+        if rule is None:
+            self._account.add("unmatched", dense, dense)
+            return CachedActivation(t.detach(), None, None), None
+        name, saved, stored = rule.name, None, dense
+        if rule.codec is not None:
+            payload = rule.codec.encode(t, name=_Name(t))
+            nbytes = payload.nbytes
+            if nbytes >= dense:  # no gain: keep the tensor, drop the payload
+                name = "incompressible"
+            else:
+                saved, stored = CachedActivation(None, payload, rule.codec), nbytes
+        if saved is None:
+            saved = CachedActivation(t.detach(), None, None)
+        if rule.offload is not None:  # to pinned CPU memory; `stored` becomes the device bytes kept
+            saved, stored = rule.offload.stash(saved, stored)
+        self._account.add(name, dense, stored)
+        return saved, rule
 
     def compiled_rule(self, t: torch.Tensor, role: str) -> tuple[str, Codec | None]:
         """How a compiled graph stores ``t`` (a fake tensor: the graph is being traced), a save of role ``role``:

@@ -212,7 +212,7 @@ def _role_rule(role: str, how: str, mostly_zero: Callable[[], MostlyZero], group
     suffix = OFFLOAD if plus else ""
     is_role: Callable[[torch.Tensor], bool] = lambda t: current_role(t) == role  # noqa: E731
     if base == KEPT:
-        return Rule(f"{role}:{KEPT}{suffix}", is_role, offload=off, needs_role=True)
+        return Rule(f"{role}:{KEPT}{suffix}", is_role, offload=off, needs_role=True, static=True)
     if base == "sparse":
         codec = registry.get("sparse")
         zeros = mostly_zero()
@@ -230,7 +230,7 @@ def _role_rule(role: str, how: str, mostly_zero: Callable[[], MostlyZero], group
                               f"the 4bit preset opts out of this safety rule)")
         rounding = _ROUNDINGS[rounding_s]
         codec = registry.get("quant", bits=bits, group_size=group_size, rounding=rounding, seed=seed, check=False)
-        return Rule(f"{role}:quant{bits}{suffix}", is_role, codec, offload=off, needs_role=True)
+        return Rule(f"{role}:quant{bits}{suffix}", is_role, codec, offload=off, needs_role=True, static=True)
     raise ConfigError(f"unknown {where}; treatments: {TREATMENT_FORMS}")
 
 
@@ -301,16 +301,16 @@ def preset_rules(
         return t.numel() * t.element_size()
 
     rules = [
-        Rule("leaf", is_leaf_storage),
-        Rule("unsupported", lambda t: probe.supports(t) is not None),
-        Rule("small", lambda t: nbytes(t) < min_bytes),
+        Rule("leaf", is_leaf_storage, static=True),
+        Rule("unsupported", lambda t: probe.supports(t) is not None, static=True),
+        Rule("small", lambda t: nbytes(t) < min_bytes, static=True),
     ]
     mostly_zero = lambda: MostlyZero(min_zero_fraction, recheck_every)  # noqa: E731
     rules += [_role_rule(role, how, mostly_zero, group_size, seed, offloader, preset.min_nonlinear_bits)
               for role, how in table.items()]
     # A relu output that is not sparse enough (or a role not in the table) is kept under an honest name.
-    tail = [Rule(f"{RELU_OUTPUT}:{KEPT}", lambda t: current_role(t) == RELU_OUTPUT, needs_role=True),
-            Rule(KEPT, lambda t: True)]
+    tail = [Rule(f"{RELU_OUTPUT}:{KEPT}", lambda t: current_role(t) == RELU_OUTPUT, needs_role=True, static=True),
+            Rule(KEPT, lambda t: True, static=True)]
     return rules + [_with_offload(r, offloader()) if offload is not False else r for r in tail]
 
 

@@ -291,17 +291,23 @@ def current_role(t: torch.Tensor) -> str:
     state = _STATE
     if state.assumed is not None:
         return state.assumed
+    memo = state.memo
+    if memo is not None and state.queries and memo[0] == id(t):
+        return memo[1]
     frames = state.frames
     if not frames:
         return OTHER
     if not state.queries:
         return role_in_call(t, frames[-1])
-    memo = state.memo
-    if memo is not None and memo[0] == id(t):
-        return memo[1]
     role = role_in_call(t, frames[-1])
     state.memo = (id(t), role)
     return role
+
+
+def settle_role(t: torch.Tensor, role: str) -> None:
+    """Inside the open :class:`role_query` about ``t``: its role is ``role`` (known without a tracked call, e.g.
+    from a :class:`~actzip.memory.cache.role_plan.RolePlan`), which :func:`current_role` then answers."""
+    _STATE.memo = (id(t), role)
 
 
 class assumed_role:

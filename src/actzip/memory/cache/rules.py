@@ -62,6 +62,9 @@ class Rule:
     dtypes: tuple[torch.dtype, ...] | None = None  # dtypes this rule is for (None: every dtype its codec takes)
     offload: Offloader | None = None  # move what is stored to pinned CPU memory, and back for backward
     needs_role: bool = False  # when asks for the saved tensor's role: the cache enters a RoleTracker
+    # when reads nothing but the role, dtype, layout, size and leafness (never the values): a cache whose rules
+    # are all static remembers each decision by those and skips the rules next time
+    static: bool = False
 
     def __post_init__(self) -> None:
         where = f"rule {self.name!r}"
@@ -97,8 +100,9 @@ class Rule:
         if self.offload is not None and not isinstance(self.offload, Offloader):
             raise ConfigError(f"{where}: offload must be an actzip.memory.cache.offload.Offloader or None, "
                               f"got {type(self.offload).__name__}")
-        if not isinstance(self.needs_role, bool):
-            raise ConfigError(f"{where}: needs_role must be True or False, got {self.needs_role!r}")
+        for flag in ("needs_role", "static"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{where}: {flag} must be True or False, got {getattr(self, flag)!r}")
 
     def matches(self, t: torch.Tensor) -> bool:
         """Whether this rule decides for ``t``: a dtype it is for, one its codec takes, and ``when(t)``."""
@@ -189,11 +193,11 @@ def mostly_zero_rules(
         return t.numel() * t.element_size()
 
     return [
-        Rule("leaf", is_leaf_storage),
-        Rule("unsupported", lambda t: codec.supports(t) is not None),
-        Rule("small", lambda t: nbytes(t) < min_bytes),
+        Rule("leaf", is_leaf_storage, static=True),
+        Rule("unsupported", lambda t: codec.supports(t) is not None, static=True),
+        Rule("small", lambda t: nbytes(t) < min_bytes, static=True),
         Rule(codec.name, MostlyZero(min_zero_fraction, recheck_every), codec),
-        Rule("dense", lambda t: True),
+        Rule("dense", lambda t: True, static=True),
     ]
 
 
@@ -206,7 +210,7 @@ def default_rules(config: CacheConfig | None = None) -> list[Rule]:
 
 def count_only_rules() -> list[Rule]:
     """Rules that compress nothing: for measuring what autograd saves, counted the same way."""
-    return [Rule("leaf", is_leaf_storage), Rule("kept", lambda t: True)]
+    return [Rule("leaf", is_leaf_storage, static=True), Rule("kept", lambda t: True, static=True)]
 
 
 def same_treatment(a: Rule | None, b: Rule | None) -> bool:
