@@ -26,7 +26,11 @@ the strategies only change what is saved for backward):
   stochastic, the rest nearest; it opts out of the presets' 8-bit safety rule for nonlinear inputs, as ActNN and GACT do);
 - ``2bit``: the ``2bit`` preset, ``4bit`` with linear inputs and ``other`` at 2 bits (stochastic);
 - ``sketch-d8``: every ``nn.Linear`` but the output head as :class:`~actzip.memory.SketchedLinear` at rank
-  ``in_features / 8`` (CompAct-style: a random sketch of each linear input instead of the input).
+  ``in_features / 8`` (CompAct-style: a random sketch of each linear input instead of the input);
+- ``4bit+norms``, ``2bit+norms``, ``sketch-d8+norms`` (not in the default list): the same with every norm output
+  rebuilt in backward from the norm's input (``compress_(model, NormRebuildConfig())``: transformers RMSNorms
+  swapped for exact lean ones, the projections they feed keeping a rebuild handle), applied before each of
+  the strategy's steps and undone after it, outside the step's timing.
 
 Measured per model and strategy:
 
@@ -113,7 +117,7 @@ def _probe(strategies: dict[str, Strategy], model: BenchModel, x, y, tokens: int
         was = torch.are_deterministic_algorithms_enabled()
         torch.use_deterministic_algorithms(not compiled or was)
         try:
-            with s:
+            with s.prepared(), s:
                 with s.forward_context(cache):
                     loss = model.loss(x, y)
                 loss.backward()
@@ -193,7 +197,8 @@ def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, pr
     gc.freeze()
     try:
         results = run_interleaved({n: (lambda s=s: step(s)) for n, s in strategies.items()}, device,
-                                  rounds=cfg.rounds, warmup=cfg.warmup, progress=progress)
+                                  rounds=cfg.rounds, warmup=cfg.warmup, progress=progress,
+                                  around={n: s.prepared for n, s in strategies.items()})
     finally:
         gc.unfreeze()
     gc.collect()

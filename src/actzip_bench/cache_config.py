@@ -14,7 +14,9 @@ from actzip.memory.cache.presets import DEFAULT_MIN_BYTES, PRESETS
 MODELS = ("gpt-relu2", "gpt-gelu", "llama-swiglu")
 LOSSY_PRESETS = tuple(p for p in PRESETS if p not in ("lossless", "4bit", "2bit"))  # 4bit, 2bit: named below
 STRATEGIES = ("none", "checkpoint", "sparse", *LOSSY_PRESETS, "4bit", "2bit", "sketch-d8")
-KNOWN_STRATEGIES = (*STRATEGIES, "lossless")
+NORMS = "+norms"  # suffix: the strategy with every norm output rebuilt in backward (NormRebuildConfig)
+WITH_NORMS = ("4bit+norms", "2bit+norms", "sketch-d8+norms")
+KNOWN_STRATEGIES = (*STRATEGIES, "lossless", *WITH_NORMS)
 HEAD = "loss head"  # the float32 log-softmax output the cross entropy keeps (tokens x vocab)
 LLAMA_VOCAB = 32000  # Llama-2's vocabulary, the Llama model's default
 BYTE_VOCAB = 256  # the embedded corpus is bytes: token ids are 0..255
@@ -29,6 +31,8 @@ DESCRIPTIONS = {
     "2bit": "preset 2bit: 4bit with linear inputs and other 2-bit sr",
     "sketch-d8": "every nn.Linear but the output head saves x S, S random of rank in_features/8",
 }
+DESCRIPTIONS.update({s: DESCRIPTIONS[s.removesuffix(NORMS)] + "; norm outputs rebuilt in backward, transformers "
+                     "RMSNorms swapped for exact lean ones (NormRebuildConfig)" for s in WITH_NORMS})
 
 
 @dataclass

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch.nn as nn
 
-from actzip_bench.cache_config import CacheBenchConfig
+from actzip_bench.cache_config import NORMS, CacheBenchConfig
 from actzip_bench.cache_models import BenchModel
 
 
@@ -14,6 +14,7 @@ def strategy_rules(name: str, cfg: CacheBenchConfig):
     """The cache rules of strategy ``name`` (``None``: the strategy runs without a cache)."""
     from actzip.memory.cache import CacheConfig, default_rules, preset_rules
 
+    name = name.removesuffix(NORMS)
     if name in ("none", "checkpoint", "sketch-d8"):
         return None
     if name == "sparse":
@@ -32,7 +33,8 @@ class Strategy:
         self.rules = strategy_rules(name, cfg)
         # a cache whose rules ask for each tensor's role (the lossy presets') tracks the roles itself
         self.cache = None if self.rules is None else CacheContext(rules=self.rules)
-        self.swap = (sketched, plain) if name == "sketch-d8" else None
+        self.swap = (sketched, plain) if name.removesuffix(NORMS) == "sketch-d8" else None
+        self.norms = name.endswith(NORMS)
 
     def __enter__(self):
         if self.swap:
@@ -51,6 +53,27 @@ class Strategy:
         """``cache`` (default: the strategy's own), or nothing for the strategies without one."""
         cache = cache if cache is not None else self.cache
         return cache if cache is not None else nullcontext()
+
+    def prepared(self):
+        """What the strategy changes in the model that takes longer than a step should pay for, done before
+        its timed step and undone after (the norms' swap and hooks), or nothing."""
+        return _norms_rebuilt(self.model.module, self.swap[0] if self.swap else None) if self.norms else nullcontext()
+
+
+@contextmanager
+def _norms_rebuilt(module: nn.Module, sketched: dict | None):
+    """``module`` with its norm outputs rebuilt in backward (``compress_(..., NormRebuildConfig())``), over the
+    sketched layers when the strategy sketches (so that the layers hooked are the ones that run)."""
+    import actzip
+    from actzip.memory.modules import NormRebuildConfig
+
+    if sketched:
+        use_modules(module, sketched)
+    actzip.compress_(module, NormRebuildConfig())
+    try:
+        yield
+    finally:
+        actzip.restore_(module)
 
 
 def use_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:

@@ -7,6 +7,7 @@ and its peak is ``torch.cuda.max_memory_allocated`` over the step (absolute: wei
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import os
@@ -16,7 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 
@@ -58,6 +59,7 @@ def run_interleaved(
     progress: Callable[[str], None] | None = None,
     held: dict[str, Callable[[], int]] | None = None,
     above_resident: bool = False,
+    around: dict[str, Callable[[], ContextManager]] | None = None,
 ) -> dict[str, VariantResult]:
     """Run each variant's step ``warmup + rounds`` times, interleaved; return the measured rounds.
 
@@ -66,13 +68,18 @@ def run_interleaved(
     out: every peak is what the variant would reach running alone. ``above_resident``: a peak is instead the
     most allocated during the step above what was allocated just before it, plus the variant's own held
     bytes (the public BitSparse harness's count).
+
+    ``around[name]()`` gives a context entered before each of that variant's steps and left after it, outside
+    its timing (a change to the model the step needs that a real run would make once).
     """
-    held = held or {}
+    held, around = held or {}, around or {}
     names = list(variants)
     results = {n: VariantResult(n) for n in names}
     for r in range(warmup + rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
+            context = around[name]() if name in around else contextlib.nullcontext()
+            context.__enter__()
             gc.collect()
             _sync(device)
             if device.type == "cuda":
@@ -95,6 +102,7 @@ def run_interleaved(
                 variants[name]()
                 ms = (time.perf_counter() - t0) * 1e3
                 peak = None
+            context.__exit__(None, None, None)
             if r >= warmup:
                 results[name].times_ms.append(ms)
                 if peak is not None:

@@ -133,3 +133,34 @@ def test_config_errors(capsys):
     assert "lossless" in KNOWN_STRATEGIES and "lossless" not in STRATEGIES  # the same rules as "sparse"
     assert main(["bench", "cache", "--quick", "--strategies", "none,5bit", "--device", "cpu"]) == 2
     assert "unknown strategies" in capsys.readouterr().err
+
+
+def test_norm_rebuilding_strategies_free_the_llama_norms_outputs_and_leave_the_model_as_it_was():
+    from actzip.memory.modules.rms_norm import ExactRMSNorm
+    from actzip_bench.cache import run_model, with_quick
+    from actzip_bench.data import Corpus
+
+    cfg = with_quick(CacheBenchConfig(models=("llama-swiglu",),
+                                      strategies=("none", "4bit", "4bit+norms", "sketch-d8", "sketch-d8+norms")))
+    cfg = dataclasses.replace(cfg, rounds=1, warmup=0)
+    built = []
+    import actzip_bench.cache as bench
+
+    real_build = bench.build_model
+    hooks = lambda module: [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in module.modules()]  # noqa: E731
+
+    def bench_build(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        built.append((model, hooks(model.module)))
+        return model
+
+    try:
+        bench.build_model = bench_build
+        rec = run_model("llama-swiglu", cfg, torch.device("cpu"), Corpus.from_stdlib(max_bytes=cfg.corpus_bytes))
+    finally:
+        bench.build_model = real_build
+    saved = {r["strategy"]: r["bytes_saved"] for r in rec["runs"]}
+    assert saved["4bit+norms"] < saved["4bit"] and saved["sketch-d8+norms"] < saved["sketch-d8"]
+    model, hooks_at_build = built[0]
+    assert not any(isinstance(m, ExactRMSNorm) for m in model.module.modules())  # undone after every step
+    assert hooks(model.module) == hooks_at_build

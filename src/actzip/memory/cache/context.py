@@ -159,7 +159,7 @@ class CacheContext:
         self._seen.clear()
         self._rule_of.clear()
         # a fresh tracker each tracked block (modes are entered once each); none where the plan gives the roles
-        if self.track_roles and not self.role_plan.start():
+        if self.track_roles and not (self.role_plan.lifetime and self.role_plan.start()):
             self._tracker = RoleTracker()
             self._tracker.__enter__()
         install_placement()  # compiled graphs encode and decode next to the uses (once per process)
@@ -175,7 +175,7 @@ class CacheContext:
         if self._tracker is not None:
             self._tracker.__exit__(*exc)
             self._tracker = None
-        if self.track_roles:
+        if self.track_roles and self.role_plan.lifetime:
             self.role_plan.finish(completed=exc[0] is None)
         self.history.append(self._account)
         self._account = None
@@ -199,7 +199,7 @@ class CacheContext:
 
     def _pack(self, t: torch.Tensor) -> CachedActivation:
         with role_query():  # the rules ask for t's role, each of them: work it out once
-            if self.track_roles:
+            if self.track_roles and self.role_plan.lifetime:
                 role = self.role_plan.role(t)  # the tracker's (and recorded), or the plan's
                 if role is None:  # a replayed step that left its plan: kept, no role guessed
                     self.save_index += 1
