@@ -29,6 +29,8 @@
 #   4-bit data-parallel sync on a shaped link with the GPU computing; after netns-probe),
 #   decentralized-unshaped-gpu (the same runs on one host), decentralized-wide-shaped-s0 (-s1, -s2: the wide
 #   shape's 4-bit-sync methods on the shaped link, dense off it; after netns-probe),
+#   cache-host-cost (the cache's host time per save on the GPU), cache-norms and cache-norms-wide (the lossy
+#   strategies beside the same with norm outputs rebuilt, 124M and d=4096),
 #   netns-probe (whether the shaped mesh can run there, with a carried iproute2), link-probe (bench link there;
 #   after netns-probe),
 #   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average),
@@ -128,6 +130,13 @@ for stage in $stages; do
       --strategies none,checkpoint,sparse,4bit,sketch-d8 --rounds 8 --json "$out/cache-d4096x4.json" ;;
     cache-chunk1024) az bench cache --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
       --strategies none,4bit,sketch-d8 --rounds 8 --json "$out/cache-chunk1024.json" ;;
+    cache-host-cost)  # the cache's host time per save, every kernel launched (a tiny GPT: its forward is host-bound)
+      python3 scripts/cache_host_cost.py --device cuda --json "$out/cache-host-cost-gpu.json" ;;
+    cache-norms|cache-norms-wide)  # the lossy strategies beside the same with norm outputs rebuilt (+norms)
+      size=(); name=cache-chunk1024-norms
+      [ "$stage" = cache-norms-wide ] && size=(--gpt-preset d4096x4) && name=cache-d4096x4-norms
+      az bench cache "${size[@]}" --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
+        --strategies none,4bit,2bit,4bit+norms,2bit+norms,sketch-d8,sketch-d8+norms --rounds 8 --json "$out/$name.json" ;;
     cache-2bit)  # the 2bit preset next to 4bit, at both widths
       az bench cache --gpt-preset d4096x4 --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
         --strategies none,4bit,2bit --rounds 8 --json "$out/cache-d4096x4-2bit.json"
