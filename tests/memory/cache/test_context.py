@@ -397,3 +397,28 @@ def test_record_external_goes_to_the_innermost_open_cache():
             record_external("fused", 100, 25)
         record_external("fused", 8, 8)
     assert inner.last.by_rule["fused"].dense_bytes == 100 and outer.last.by_rule["fused"].stored_bytes == 8
+
+
+def test_a_block_that_compresses_nothing_is_announced_once_and_counted():
+    import warnings
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 1))
+    cache = actzip.cache("4bit")  # every tensor of this model is under min_bytes
+    with pytest.warns(RuntimeWarning, match=r"saved 2 activation tensors and compressed none \(by rule: small 2\).*min_bytes"):
+        with cache:
+            model(torch.randn(2, 4)).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            with cache:
+                model(torch.randn(2, 4)).sum().backward()
+        assert cache.idle_steps == 3
+        working = actzip.cache("4bit", min_bytes=0)
+        with working:
+            model(torch.randn(256, 4)).sum().backward()
+        assert working.idle_steps == 0
+        counting = actzip.memory.cache.CacheContext.count_only()  # compresses nothing by design: silent
+        with counting:
+            model(torch.randn(2, 4)).sum().backward()
+        with actzip.cache("4bit"), torch.no_grad():  # nothing saved: nothing to announce
+            model(torch.randn(2, 4))

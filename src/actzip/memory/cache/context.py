@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 import weakref
 from typing import Sequence
 
@@ -121,6 +122,10 @@ class CacheContext:
         self.track_roles: bool = any(r.needs_role for r in self.rules) if track is None else track
         # the roles of a tracked step, replayed by position in the next steps (no tracker over every torch call)
         self.role_plan = RolePlan(self.config.recheck_every if self.config.replay else 0)
+        self.idle_steps = 0  # blocks that saved activations and compressed none (announced once)
+        self._compressed = False
+        # a rule set without a codec (count_only) compresses nothing by design: no announcement
+        self.rules_compress_nothing = all(r.codec is None for r in self.rules)
         self.history: list[StepAccount] = []
         self._hooks = None
         self._tracker: RoleTracker | None = None
@@ -155,6 +160,7 @@ class CacheContext:
         if self._hooks is not None:
             raise RuntimeError("the cache is already active; it cannot be entered twice at once")
         self._account = StepAccount()
+        self._compressed = False  # whether any save of the block was stored in less than its size
         self.save_index = -1
         self._seen.clear()
         self._rule_of.clear()
@@ -177,6 +183,7 @@ class CacheContext:
             self._tracker = None
         if self.track_roles and self.role_plan.lifetime:
             self.role_plan.finish(completed=exc[0] is None)
+        self._check_compressed(self._account)
         self.history.append(self._account)
         self._account = None
         self._seen.clear()
@@ -186,9 +193,26 @@ class CacheContext:
         """Account one tensor kept outside the hooks in the open block's step (see
         :func:`~actzip.memory.cache.active.record_external`)."""
         if self._account is not None:
+            self._compressed = True  # a module's own payload (a fused MLP's, say)
             self._account.add(rule, dense_bytes, stored_bytes)
             if compiled:
                 self._account.compiled_saves += 1
+
+    def _check_compressed(self, account: StepAccount) -> None:
+        """Announce (once per cache, counted in ``idle_steps``) a block that saved activations and compressed
+        none of them: a cache that does nothing must not look like one that works."""
+        leaves = account.by_rule.get("leaf")
+        saves = self.save_index + 1 - (leaves.tensors if leaves is not None else 0)
+        if saves <= 0 or self._compressed or account.compiled_saves or self.rules_compress_nothing:
+            return
+        self.idle_steps += 1
+        if self.idle_steps == 1:
+            kept = ", ".join(f"{name} {s.tensors}" for name, s in account.by_rule.items() if name != "leaf")
+            small = (f"; tensors under min_bytes={self.config.min_bytes} are kept, lower it for a small model"
+                     if "small" in account.by_rule else "")
+            warnings.warn(f"actzip.cache: a `with` block saved {saves} activation tensors and compressed none "
+                          f"(by rule: {kept}){small} (warned once per cache; cache.idle_steps counts such blocks)",
+                          RuntimeWarning, stacklevel=3)
 
     # -- hooks -------------------------------------------------------------------------------------------
 
@@ -277,6 +301,8 @@ class CacheContext:
                 saved, stored = CachedActivation(None, payload, rule.codec), nbytes
         if saved is None:
             saved = CachedActivation(t.detach(), None, None)
+        else:
+            self._compressed = True
         if rule.offload is not None:  # to pinned CPU memory; `stored` becomes the device bytes kept
             saved, stored = rule.offload.stash(saved, stored)
         self._account.add(name, dense, stored)
