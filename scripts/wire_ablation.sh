@@ -29,6 +29,11 @@ case $set_name in
     "subspace-paper|subspace:100|code_dtype=bfloat16,fixed_std=1.0,proj_init=zero|muon|"
     # added after the first seed's results: the two changes that leave the model's scale alone, together
     "subspace-zero-muon|subspace:100|code_dtype=bfloat16,proj_init=zero|muon|"
+    # added after all the seeds above: the subspace boundary at full rank (k = d, no compression) with the
+    # paper's std-1 fixed embedding and with the default 0.02, so that the std-1 embedding's cost is measured
+    # apart from the compression
+    "full-fixed1|subspace:1|code_dtype=bfloat16,fixed_std=1.0|adamw|"
+    "full-fixed002|subspace:1|code_dtype=bfloat16|adamw|"
     "bottleneck|bottleneck:128|code_dtype=bfloat16|adamw|"
     "bottleneck-muon|bottleneck:128|code_dtype=bfloat16|muon|"
     "bottleneck-resbm|bottleneck:128|code_dtype=bfloat16,style=resbm|adamw|"
