@@ -29,6 +29,8 @@ VARIANTS = {  # record name -> table label, in table order
     "dense-muon": "dense, Muon",
     "subspace": "subspace as it was (AdamW)",
     "subspace-fixed1": "subspace, fixed embedding at std 1",
+    "full-fixed002": "subspace boundary at full rank (no compression), fixed embedding at 0.02",
+    "full-fixed1": "subspace boundary at full rank (no compression), fixed embedding at std 1",
     "subspace-zero": "subspace, `W′` from zero",
     "subspace-muon": "subspace, Muon",
     "subspace-paper": "subspace, all three (the paper's recipe)",
