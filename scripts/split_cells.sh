@@ -11,6 +11,9 @@
 #               that score a batch, likewise, for a comparison on equal terms (added then too):
 #               POLICIES=gradient-norm,std COMPRESSIONS="5 20 32" ... results/cpu/split-heldout-others ...;
 #               last both again with COMPRESSIONS="2 10" (the grids' other compressions)
+#   held out at equal shares (the scoring batch sent at the equal keep-ratios), every cell of the grids:
+#               COMPRESSIONS="2 5 10 20 32" scripts/split_cells.sh results/cpu/split-heldout-equal-share 2
+#               --score-on heldout --score-at equal
 set -uo pipefail
 out=${1:?output directory}; jobs=${2:-2}; shift $(( $# >= 2 ? 2 : $# ))
 mkdir -p "$out"

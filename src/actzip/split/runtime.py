@@ -8,7 +8,8 @@ itself, and sends each modality's gradient back on ``bwd`` with the keep-ratios 
 (ModalShare's, from Shapley scores of the batch it has just received, every ``refresh`` steps; or the equal
 ones). With ``score_on="heldout"`` ModalShare scores only the batches a client sends with
 :meth:`SplitClient.score`: samples the client keeps out of training, sent at the current keep-ratios like any
-batch, which the server scores and does not train on (a stream the server has memorized from the training
+batch (or, with ``score_at="equal"``, at the equal ones: the same payload, and a modality kept low is not scored
+low for it), which the server scores and does not train on (a stream the server has memorized from the training
 samples earns nothing on them); the client sends one in place of a training batch every ``refresh`` steps.
 Both ends derive every step's mask and rounding seeds from the config, the client's rank and the step, so only
 values, indices and payloads travel. The server serves its clients in turn (sequential split learning,
@@ -38,10 +39,11 @@ from actzip.split.coalitions import ABSENT, coalition_values
 from actzip.split.shapley import shapley
 from actzip.split.uplink import COMPRESSORS, Link, least_ratio, pack, pack_grad, unpack, unpack_grad
 
-__all__ = ["SCORE_ON", "SPLIT_POLICIES", "SplitClient", "SplitConfig", "SplitServer", "fed_average"]
+__all__ = ["SCORE_AT", "SCORE_ON", "SPLIT_POLICIES", "SplitClient", "SplitConfig", "SplitServer", "fed_average"]
 
 SPLIT_POLICIES = ("equal", "modalshare")
 SCORE_ON = ("received", "heldout")  # what ModalShare scores: every refresh-th batch received, or scoring batches
+SCORE_AT = ("current", "equal")  # the keep-ratios a scoring batch is sent at: the policy's own, or equal ones
 
 
 @dataclass
@@ -62,6 +64,10 @@ class SplitConfig:
     # what ModalShare scores (SCORE_ON): "received" (every refresh-th batch, after training on it) or "heldout"
     # (the batches a client sends with SplitClient.score, never trained on)
     score_on: str = "received"
+    # with score_on="heldout", the keep-ratios a scoring batch is sent at (SCORE_AT): "current" (ModalShare's own)
+    # or "equal" (the same payload, every modality at the equal ratio), so that a modality ModalShare keeps low is
+    # not scored low for being kept low
+    score_at: str = "current"
 
     def __post_init__(self) -> None:
         self.sizes = tuple(int(s) for s in self.sizes)
@@ -77,6 +83,9 @@ class SplitConfig:
             raise ConfigError(f"SplitConfig.absent must be one of {ABSENT}, got {self.absent!r}")
         if self.score_on not in SCORE_ON:
             raise ConfigError(f"SplitConfig.score_on must be one of {SCORE_ON}, got {self.score_on!r}")
+        if self.score_at not in SCORE_AT or (self.score_at != "current" and self.score_on != "heldout"):
+            raise ConfigError(f"SplitConfig.score_at must be one of {SCORE_AT} ('equal' only with "
+                              f"score_on='heldout'), got {self.score_at!r} with score_on={self.score_on!r}")
         if self.refresh < 1 or not 0 <= self.explore <= 1:
             raise ConfigError(f"SplitConfig: refresh must be >= 1 and explore in [0, 1], got {self.refresh}, "
                               f"{self.explore}")
@@ -93,6 +102,10 @@ class SplitConfig:
         compressor's smallest sendable payload for a ``batch`` (a modality never sent is never scored again)."""
         return [max(self.explore * e, least_ratio(self.compressor, (batch, s), self.value_bits))
                 for e, s in zip(self.equal_ratios(), self.sizes)]
+
+    def scoring_ratios(self, current: Sequence[float]) -> list[float]:
+        """The keep-ratios a scoring batch is sent and read at (``score_at``)."""
+        return self.equal_ratios() if self.score_at == "equal" else list(current)
 
     def link(self, modality: int, ratio: float, client: int, step: int) -> Link:
         seed = ((self.seed * 1_000_003 + client) * 1_000_003 + step) * len(self.sizes) + modality
@@ -132,7 +145,8 @@ class SplitClient:
         if len(xs) != len(self.encoders):
             raise ConfigError(f"SplitClient.forward: {len(xs)} modality inputs for {len(self.encoders)} encoders")
         acts, sent, items = [], [], {}
-        for i, (enc, x, r) in enumerate(zip(self.encoders, xs, self.ratios)):
+        ratios = self.config.scoring_ratios(self.ratios) if scoring else self.ratios
+        for i, (enc, x, r) in enumerate(zip(self.encoders, xs, ratios)):
             with torch.set_grad_enabled(torch.is_grad_enabled() and not scoring):
                 a = enc(x)
             if a.dim() != 2 or a.shape[1] != self.config.sizes[i]:
@@ -210,14 +224,15 @@ class SplitServer:
         msg = self.transport.recv(client, channel="fwd")
         labels = msg.items["labels"]
         step, cfg = self.steps[client], self.config
+        scoring = "scoring" in msg.items
+        ratios = cfg.scoring_ratios(self.ratios[client]) if scoring else self.ratios[client]
         links, views, kept = [], [], []
-        for i, (size, r) in enumerate(zip(cfg.sizes, self.ratios[client])):
+        for i, (size, r) in enumerate(zip(cfg.sizes, ratios)):
             link = cfg.link(i, r, client, step)
             v, k = unpack(_group(msg.items, f"m{i}/"), link, (labels.shape[0], size), torch.float32, labels.device)
             links.append(link)
             views.append(v.requires_grad_())
             kept.append(k)
-        scoring = "scoring" in msg.items
         if scoring and (cfg.policy != "modalshare" or cfg.score_on != "heldout"):
             raise ConfigError(f"SplitServer: client {client} sent a scoring batch; this server scores none "
                               f"(policy={cfg.policy!r}, score_on={cfg.score_on!r})")
