@@ -77,3 +77,14 @@ def test_bad_settings_are_refused():
         run_split_sim(SplitSimConfig(widths=(8, 8), steps=1, seeds=(0,), train=10, test=10))
     with pytest.raises(ConfigError, match="data_root"):
         run_split_sim(SplitSimConfig(dataset="mvsa", steps=1, seeds=(0,)))
+
+
+def test_scoring_at_equal_shares_keeps_the_budget_and_is_refused_without_heldout_scoring():
+    base = dict(steps=40, refresh=10, seeds=(0,), train=600, test=200, score_on="heldout", policies=("modalshare",))
+    current = run_split_sim(SplitSimConfig(**base))["rows"][0]
+    equal = run_split_sim(SplitSimConfig(**base, score_at="equal"))["rows"][0]
+    assert equal["uplink_bytes"] == pytest.approx(current["uplink_bytes"], rel=0.1)
+    assert [h["step"] for h in equal["history"]] == [10, 20, 30, 40]
+    assert equal["history"][1]["scores"] != current["history"][1]["scores"]  # scored on other payloads
+    with pytest.raises(ConfigError, match="score_at"):
+        SplitSimConfig(score_at="equal")

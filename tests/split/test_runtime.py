@@ -239,3 +239,30 @@ def test_a_client_that_disconnects_is_an_error_on_the_server_in_bounded_time():
     assert reports[0][0] == "error" and reports[0][1] in ("WirePeerError", "WireTimeoutError"), reports[0]
     assert reports[0][-1] < 15  # seconds
     assert reports[1][0] == "exited"
+
+
+def test_scoring_at_equal_shares_sends_and_reads_the_scoring_batch_at_the_equal_ratios():
+    cfg = SplitConfig(SIZES, compressor="topk", compression=4.0, policy="modalshare", score_on="heldout",
+                      score_at="equal", refresh=5)
+    server, (client,) = loopback(cfg)
+    seen = []
+    real = cfg.link
+
+    def link(modality, ratio, client_rank, step):
+        seen.append((step, modality, ratio))
+        return real(modality, ratio, client_rank, step)
+
+    cfg.link = link  # both ends hold this config: every link either end builds goes through here
+    client.ratios = server.ratios[1] = [0.05, 0.9, 0.05]  # a low share for modalities 0 and 2, as ModalShare may set
+    client.forward(*data(0), scoring=True)
+    server.serve(1)
+    client.backward()
+    equal = cfg.equal_ratios()
+    assert [r for s, _, r in seen if s == 0] == equal * 2  # the client's links, then the server's: equal ones
+    assert client.ratios == server.ratios[1] and client.ratios != equal  # the scores set new ratios
+    client.forward(*data(1))  # a training batch goes at the ratios set
+    assert [r for s, _, r in seen if s == 1] == client.ratios
+    with pytest.raises(ConfigError, match="score_at"):
+        SplitConfig(SIZES, policy="modalshare", score_at="equal")  # only with score_on="heldout"
+    with pytest.raises(ConfigError, match="score_at"):
+        SplitConfig(SIZES, policy="modalshare", score_on="heldout", score_at="best")
