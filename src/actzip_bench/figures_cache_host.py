@@ -10,7 +10,10 @@ from actzip_bench.figure_helpers import cite, load
 
 HOST_BEFORE = "results/cpu/cache-host-cost/before.json"  # the tree before role plans (every step tracked)
 HOST_AFTER = "results/cpu/cache-host-cost/after.json"
+GPU_HOST_BEFORE = "results/h100/cache-host-cost/before.json"  # the same two trees, every kernel launched
+GPU_HOST_AFTER = "results/h100/cache-host-cost/after.json"
 NORMS_QUICK = "results/cpu/cache-norms-quick.json"
+NORMS_GPU = ("results/h100/cache-norms/gpt.json", "results/h100/cache-norms/llama.json", "results/h100/cache-norms/2bit.json")
 MODEL_NAMES = {"gpt-gelu": "GELU GPT", "gpt-relu2": "ReLU² GPT", "llama-swiglu": "Llama"}
 
 
@@ -33,7 +36,19 @@ def host_cost(root: Path) -> str:
             f"(code {code(after)[:7]}), against {_per_save(before, '4bit', HOST_BEFORE):.1f} µs before role plans "
             f"(code {code(before)[:7]}, run right before it on the same machine); of that, the tracker alone costs "
             f"{_per_save(after, 'tracker', HOST_AFTER):.1f} µs a save and the cache's hooks and accounting with "
-            f"nothing compressed {_per_save(after, 'count', HOST_AFTER):.1f} µs {cite(HOST_BEFORE, HOST_AFTER)}")
+            f"nothing compressed {_per_save(after, 'count', HOST_AFTER):.1f} µs {cite(HOST_BEFORE, HOST_AFTER)}. "
+            + _gpu_host_cost(root))
+
+
+def _gpu_host_cost(root: Path) -> str:
+    before, after = load(root, GPU_HOST_BEFORE), load(root, GPU_HOST_AFTER)
+    return (f"On an {after['machine']['gpu']} with every kernel launched ({after['saves_per_forward']} saves a "
+            f"forward there, {after['quant_saves_per_forward']} quantized), the same two trees one after the other: "
+            f"{_per_save(before, '4bit', GPU_HOST_BEFORE):.1f} µs a save before, "
+            f"{_per_save(after, '4bit', GPU_HOST_AFTER):.1f} µs after ("
+            f"{_per_save(after, '4bit, tracked every step', GPU_HOST_AFTER):.1f} µs tracked every step); the "
+            f"tracker {_per_save(after, 'tracker', GPU_HOST_AFTER):.1f} µs, the count-only cache "
+            f"{_per_save(after, 'count', GPU_HOST_AFTER):.1f} µs {cite(GPU_HOST_BEFORE, GPU_HOST_AFTER)}")
 
 
 def norms_bytes(root: Path) -> str:
@@ -55,7 +70,34 @@ def norms_bytes(root: Path) -> str:
     return "\n".join(lines)
 
 
+def norms_gpu(root: Path) -> str:
+    """Bytes, peak and step time of the lossy strategies without and with the norms rebuilt at 124M on the GPU."""
+    rows, machine = {}, None
+    for rel in NORMS_GPU:
+        rec = load(root, rel)
+        machine = rec["machine"]
+        for m in rec["models"]:
+            for r in m["runs"]:
+                if r["strategy"] != "none":
+                    rows[(m["model"], m["params"], r["strategy"])] = (r, rel, rec["config"]["rounds"])
+    lines = ["| model | strategy | saved bytes | peak memory | step time |", "|---|---|---:|---:|---:|"]
+    order = ("4bit", "4bit+norms", "2bit", "2bit+norms", "sketch-d8", "sketch-d8+norms")
+    for (model, params, strategy), (r, _, _) in sorted(rows.items(), key=lambda kv: (kv[0][0], order.index(kv[0][2]))):
+        lines.append(f"| {MODEL_NAMES.get(model, model)} {params / 1e6:.0f}M | `{strategy}` | {r['x_smaller']:.2f}× "
+                     f"smaller | {(r['peak_vs_none'] - 1) * 100:+.1f}% | {(r['time_vs_none'] - 1) * 100:+.1f}% |")
+    rounds = sorted({n for _, _, n in rows.values()})
+    sketch = {k[0]: r for k, (r, _, _) in rows.items() if k[2] == "sketch-d8+norms"}
+    met = [f"{MODEL_NAMES.get(m, m)} ({(r['peak_vs_none'] - 1) * 100:+.1f}%)" for m, r in sorted(sketch.items())
+           if r["peak_vs_none"] <= 0.75]
+    lines += ["", f"On an {machine['gpu']}, 32 x 1024 tokens, 1024-token loss chunks, each file one run of "
+              f"{' or '.join(map(str, rounds))} timed steps a strategy after the bench's warm-up, interleaved with "
+              f"plain PyTorch in the same run (peak and step time against it) {cite(*NORMS_GPU)}. With the norms "
+              f"rebuilt the sketch's peak is at least 25% lower on {', '.join(met) or 'none'}."]
+    return "\n".join(lines)
+
+
 RENDERERS = {
     "memory-cache-host-cost": host_cost,
     "memory-cache-norms": norms_bytes,
+    "memory-cache-norms-gpu": norms_gpu,
 }
