@@ -185,16 +185,18 @@ def heldout_ablation(root: Path) -> str:
     return _against_grids(root, HELDOUT, "received", "held out", "Held-out scoring against the batch received")
 
 
-def heldout_on_equal_terms(root: Path) -> str:
+def heldout_on_equal_terms(root: Path, mine_folder: str = HELDOUT, label: str = "held out",
+                           note: str = "") -> str:
     """Every policy with held-out scoring where its scores read the batch (gradient norm, std, ModalShare; the
-    grids' equal and equal-payload rows as they are: they read nothing), per cell of :data:`HELDOUT_OTHERS`."""
+    grids' equal and equal-payload rows as they are: they read nothing), per cell of :data:`HELDOUT_OTHERS`;
+    ModalShare's records from ``mine_folder`` (labelled ``label``)."""
     lines = ["| data set | compressor | compression | equal | equal payload | gradient norm, held out | std, held out "
-             "| ModalShare, held out | ModalShare − equal | ModalShare − best other |", "|---|---|---:|" + "---:|" * 7]
+             f"| ModalShare, {label} | ModalShare − equal | ModalShare − best other |", "|---|---|---:|" + "---:|" * 7]
     gains, margins = [], []
     cells, seeds = _cells(root, HELDOUT_OTHERS)
     for name, others, grid in cells:
         c = others["config"]
-        mine = load(root, f"{HELDOUT}/{name}")["mean_accuracy"]["modalshare"]
+        mine = load(root, f"{mine_folder}/{name}")["mean_accuracy"]["modalshare"]
         row = {"equal": grid["equal"], "equal-payload": grid["equal-payload"], **others["mean_accuracy"]}
         best = max(v for p, v in row.items() if p != "equal")
         gains.append(mine - row["equal"])
@@ -205,9 +207,19 @@ def heldout_on_equal_terms(root: Path) -> str:
     lines += ["", f"Test accuracy, mean of {seeds} seeds, each grid's protocol, every "
               "policy whose scores read a batch scoring held-out samples; equal keep-ratios and equal payload as in "
               f"the grids. ModalShare against equal keep-ratios {min(gains) * 100:+.1f} to {max(gains) * 100:+.1f} "
-              f"points over {len(gains)} cells, against the best other policy {min(margins) * 100:+.1f} to "
-              f"{max(margins) * 100:+.1f} (`{HELDOUT_OTHERS}/`, `{HELDOUT}/`, the grids' directories)."]
+              f"points over {len(gains)} cells ({sum(g < 0 for g in gains)} below), against the best other policy "
+              f"{min(margins) * 100:+.1f} to {max(margins) * 100:+.1f} ({sum(m >= 0.03 for m in margins)} cells at "
+              f"+3 or more){note} (`{HELDOUT_OTHERS}/`, `{mine_folder}/`, the grids' directories)."]
     return "\n".join(lines)
+
+
+HELDOUT_EQUAL_SHARE = "results/cpu/split-heldout-equal-share"  # ModalShare's scoring batch at the equal ratios
+
+
+def heldout_at_equal_shares(root: Path) -> str:
+    """:func:`heldout_on_equal_terms` with ModalShare's scoring batches sent at the equal keep-ratios."""
+    return heldout_on_equal_terms(root, HELDOUT_EQUAL_SHARE, "held out at equal shares",
+                                  "; the other policies' scoring batches at their own ratios, as in the table above")
 
 
 SWITCH = "results/cpu/split-switch"  # the synthetic grid's protocol with a mid-training switch (--switch-step)
@@ -255,5 +267,6 @@ def _for(render, grid):
 RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "split-codecs": codec_grid,
              "split-absent": absent_ablation, "split-heldout": heldout_ablation,
              "split-heldout-others": heldout_on_equal_terms, "split-switch": switch_table,
+             "split-heldout-equal-share": heldout_at_equal_shares,
              **{f"split-policies-{name}": _for(policy_grid, grid) for name, grid in DATASET_GRIDS.items()},
              **{f"split-codecs-{name}": _for(codec_grid, grid) for name, grid in DATASET_GRIDS.items()}}
