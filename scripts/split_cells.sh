@@ -13,7 +13,8 @@
 #               last both again with COMPRESSIONS="2 10" (the grids' other compressions)
 #   held out at equal shares (the scoring batch sent at the equal keep-ratios), every cell of the grids:
 #               COMPRESSIONS="2 5 10 20 32" scripts/split_cells.sh results/cpu/split-heldout-equal-share 2
-#               --score-on heldout --score-at equal
+#               --score-on heldout --score-at equal; then (added after those had run) --score-at raised into
+#               results/cpu/split-heldout-raised-share
 set -uo pipefail
 out=${1:?output directory}; jobs=${2:-2}; shift $(( $# >= 2 ? 2 : $# ))
 mkdir -p "$out"

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from actzip.errors import ConfigError
 from actzip.split import equal_keep_ratios, keep_ratios, shapley
 from actzip.split.coalitions import ABSENT, coalition_values
-from actzip.split.runtime import SCORE_AT, SCORE_ON
+from actzip.split.runtime import SCORE_AT, SCORE_ON, scoring_ratios
 from actzip.split.uplink import COMPRESSORS, least_ratio, send
 from actzip_bench.data.multimodal import MultimodalConfig
 from actzip_bench.split_suites import CLIENTS, SUITES, Suite, load_suite
@@ -88,8 +88,9 @@ class SplitSimConfig:
     # what the score-driven policies score (SCORE_ON): "received" (the batch the server has just trained on) or
     # "heldout" (one batch of training samples they never train on, sent in place of a training batch at refreshes)
     score_on: str = "received"
-    # with score_on="heldout": the keep-ratios the held-out batch is sent at, the policy's own ("current") or
-    # the equal ones ("equal"; actzip.split.SplitConfig.score_at)
+    # with score_on="heldout": the keep-ratios the held-out batch is sent at, the policy's own ("current"), the
+    # equal ones ("equal") or the policy's own raised to the equal ones and scaled back ("raised"; actzip.split
+    # .SplitConfig.score_at)
     score_at: str = "current"
     # synthetic suite only: from this step on the training batches (and the test) come from samples where the
     # image stream carries the class and the sensor is silent (MultimodalConfig.switch_at): usefulness changes
@@ -202,7 +203,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
         if heldout and refresh:  # this step's batch is the held-out one: sent, scored, not trained on
             with torch.no_grad():
                 scoring_idx = torch.arange(pool, train) + offset(step)
-                sent = model.send([x[scoring_idx] for x in xs], equal if cfg.score_at == "equal" else ratios,
+                sent = model.send([x[scoring_idx] for x in xs], scoring_ratios(cfg.score_at, ratios, sizes, budget),
                                   cfg.compressor, (seed * 100_003 + step) * 7919)
             up += sum(s.uplink_bytes for s in sent)
             rescore(sent, y[scoring_idx], step)

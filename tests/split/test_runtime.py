@@ -266,3 +266,16 @@ def test_scoring_at_equal_shares_sends_and_reads_the_scoring_batch_at_the_equal_
         SplitConfig(SIZES, policy="modalshare", score_at="equal")  # only with score_on="heldout"
     with pytest.raises(ConfigError, match="score_at"):
         SplitConfig(SIZES, policy="modalshare", score_on="heldout", score_at="best")
+
+
+def test_raised_scoring_ratios_lift_every_modality_to_its_equal_share_and_keep_the_payload():
+    from actzip.split.runtime import scoring_ratios
+
+    sizes, budget = (256, 8, 32, 32), 328 / 20
+    current = [0.005, 1.0, 0.05, 0.05]
+    raised = scoring_ratios("raised", current, sizes, budget)
+    equal = scoring_ratios("equal", current, sizes, budget)
+    assert sum(r * s for r, s in zip(raised, sizes)) == pytest.approx(budget)
+    assert raised[0] / raised[2] == pytest.approx(1.0)  # the starved one now at the others' share
+    assert raised[1] > 10 * equal[1]  # the one ModalShare favours stays favoured
+    assert scoring_ratios("current", current, sizes, budget) == current

@@ -39,11 +39,14 @@ from actzip.split.coalitions import ABSENT, coalition_values
 from actzip.split.shapley import shapley
 from actzip.split.uplink import COMPRESSORS, Link, least_ratio, pack, pack_grad, unpack, unpack_grad
 
-__all__ = ["SCORE_AT", "SCORE_ON", "SPLIT_POLICIES", "SplitClient", "SplitConfig", "SplitServer", "fed_average"]
+__all__ = ["SCORE_AT", "SCORE_ON", "SPLIT_POLICIES", "SplitClient", "SplitConfig", "SplitServer", "fed_average",
+           "scoring_ratios"]
 
 SPLIT_POLICIES = ("equal", "modalshare")
 SCORE_ON = ("received", "heldout")  # what ModalShare scores: every refresh-th batch received, or scoring batches
-SCORE_AT = ("current", "equal")  # the keep-ratios a scoring batch is sent at: the policy's own, or equal ones
+# the keep-ratios a scoring batch is sent at: the policy's own, the equal ones, or the policy's own each raised to
+# at least the equal one and all scaled back to the budget (scoring_ratios)
+SCORE_AT = ("current", "equal", "raised")
 
 
 @dataclass
@@ -64,9 +67,10 @@ class SplitConfig:
     # what ModalShare scores (SCORE_ON): "received" (every refresh-th batch, after training on it) or "heldout"
     # (the batches a client sends with SplitClient.score, never trained on)
     score_on: str = "received"
-    # with score_on="heldout", the keep-ratios a scoring batch is sent at (SCORE_AT): "current" (ModalShare's own)
-    # or "equal" (the same payload, every modality at the equal ratio), so that a modality ModalShare keeps low is
-    # not scored low for being kept low
+    # with score_on="heldout", the keep-ratios a scoring batch is sent at (SCORE_AT): "current" (ModalShare's own),
+    # "equal" (the same payload, every modality at the equal ratio, so that a modality ModalShare keeps low is not
+    # scored low for being kept low) or "raised" (ModalShare's own, each at least the equal one, scaled to the
+    # same payload)
     score_at: str = "current"
 
     def __post_init__(self) -> None:
@@ -105,11 +109,25 @@ class SplitConfig:
 
     def scoring_ratios(self, current: Sequence[float]) -> list[float]:
         """The keep-ratios a scoring batch is sent and read at (``score_at``)."""
-        return self.equal_ratios() if self.score_at == "equal" else list(current)
+        return scoring_ratios(self.score_at, current, self.sizes, self.budget)
 
     def link(self, modality: int, ratio: float, client: int, step: int) -> Link:
         seed = ((self.seed * 1_000_003 + client) * 1_000_003 + step) * len(self.sizes) + modality
         return Link(self.compressor, ratio, seed % (1 << 62), self.value_bits)
+
+
+def scoring_ratios(score_at: str, current: Sequence[float], sizes: Sequence[float], budget: float) -> list[float]:
+    """The keep-ratios a scoring batch goes at for ``score_at`` (:data:`SCORE_AT`), each payload ``budget``:
+    ``current`` as they are, the equal ones, or (``raised``) each current ratio raised to at least the equal one
+    and all scaled by the one factor that brings the payload back to the budget."""
+    equal = list(equal_keep_ratios(sizes, budget).ratios)
+    if score_at == "equal":
+        return equal
+    if score_at == "current":
+        return list(current)
+    raised = [max(c, e) for c, e in zip(current, equal)]
+    scale = budget / sum(r * s for r, s in zip(raised, sizes))
+    return [min(1.0, r * scale) for r in raised]
 
 
 def _group(items: dict, prefix: str) -> dict:

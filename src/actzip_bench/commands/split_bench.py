@@ -72,7 +72,8 @@ def add_parsers(bench) -> None:
                     "trained on) or heldout (a batch of training samples they never train on, sent in place of a "
                     "training batch at each refresh)")
     sb.add_argument("--score-at", help="with --score-on heldout: the keep-ratios the held-out batch is sent at, "
-                    "current (default: the policy's own) or equal (the equal ones, the same payload)")
+                    "current (default: the policy's own), equal (the equal ones, the same payload) or raised (the policy's own, "
+                    "each at least the equal one, scaled to the same payload)")
     sb.add_argument("--switch-step", type=int, help="synthetic suite only: from this step on the image stream "
                     "carries the class and the sensor is silent (training and test samples after the switch)")
     sb.add_argument("--steps", type=int)
