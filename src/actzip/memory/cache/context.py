@@ -134,6 +134,7 @@ class CacheContext:
         self._rule_of: dict[int, Rule | None] = {}  # id of a live lossy save -> the rule that made it
         # (role, dtype, layout, nested, bytes, leaf) -> the rule that decides: when every rule is static
         self._decisions: dict[tuple, Rule | None] | None = {} if all(r.static for r in self.rules) else None
+        self._rules_read_roles = any(r.needs_role for r in self.rules)
         # saves stored so far in the open `with` block, minus one: names a save site (None while rules are only
         # asked about a tensor, not storing it)
         self.save_index: int | None = -1
@@ -271,7 +272,7 @@ class CacheContext:
         memo = self._decisions
         if memo is None:
             return next((rule for rule in self.rules if rule.matches(t)), None)
-        key = (current_role(t) if self.track_roles else None, t.dtype, t.layout, t.is_nested,
+        key = (current_role(t) if self._rules_read_roles else None, t.dtype, t.layout, t.is_nested,
                t.numel() * t.element_size(), is_leaf_storage(t))
         rule = memo.get(key, _UNDECIDED)
         if rule is _UNDECIDED:
@@ -305,6 +306,7 @@ class CacheContext:
             self._compressed = True
         if rule.offload is not None:  # to pinned CPU memory; `stored` becomes the device bytes kept
             saved, stored = rule.offload.stash(saved, stored)
+            self._compressed = True
         self._account.add(name, dense, stored)
         return saved, rule
 
