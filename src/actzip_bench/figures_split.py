@@ -214,12 +214,18 @@ def heldout_on_equal_terms(root: Path, mine_folder: str = HELDOUT, label: str = 
 
 
 HELDOUT_EQUAL_SHARE = "results/cpu/split-heldout-equal-share"  # ModalShare's scoring batch at the equal ratios
+HELDOUT_RAISED_SHARE = "results/cpu/split-heldout-raised-share"  # ... at its ratios raised to the equal ones
+_OTHERS_AS_BEFORE = "; the other policies' scoring batches at their own ratios, as in the table above"
 
 
 def heldout_at_equal_shares(root: Path) -> str:
     """:func:`heldout_on_equal_terms` with ModalShare's scoring batches sent at the equal keep-ratios."""
-    return heldout_on_equal_terms(root, HELDOUT_EQUAL_SHARE, "held out at equal shares",
-                                  "; the other policies' scoring batches at their own ratios, as in the table above")
+    return heldout_on_equal_terms(root, HELDOUT_EQUAL_SHARE, "held out at equal shares", _OTHERS_AS_BEFORE)
+
+
+def heldout_at_raised_shares(root: Path) -> str:
+    """:func:`heldout_on_equal_terms` with ModalShare's scoring batches at its ratios raised to the equal ones."""
+    return heldout_on_equal_terms(root, HELDOUT_RAISED_SHARE, "held out at raised shares", _OTHERS_AS_BEFORE)
 
 
 SWITCH = "results/cpu/split-switch"  # the synthetic grid's protocol with a mid-training switch (--switch-step)
@@ -268,5 +274,6 @@ RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "spl
              "split-absent": absent_ablation, "split-heldout": heldout_ablation,
              "split-heldout-others": heldout_on_equal_terms, "split-switch": switch_table,
              "split-heldout-equal-share": heldout_at_equal_shares,
+             "split-heldout-raised-share": heldout_at_raised_shares,
              **{f"split-policies-{name}": _for(policy_grid, grid) for name, grid in DATASET_GRIDS.items()},
              **{f"split-codecs-{name}": _for(codec_grid, grid) for name, grid in DATASET_GRIDS.items()}}
