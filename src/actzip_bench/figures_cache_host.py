@@ -7,6 +7,7 @@ from pathlib import Path
 
 from actzip.errors import ConfigError
 from actzip_bench.figure_helpers import cite, load
+from actzip_bench.figures_memory_docs import PROSE_NAMES as MODEL_NAMES
 
 HOST_BEFORE = "results/cpu/cache-host-cost/before.json"  # the tree before role plans (every step tracked)
 HOST_AFTER = "results/cpu/cache-host-cost/after.json"
@@ -14,7 +15,6 @@ GPU_HOST_BEFORE = "results/h100/cache-host-cost/before.json"  # the same two tre
 GPU_HOST_AFTER = "results/h100/cache-host-cost/after.json"
 NORMS_QUICK = "results/cpu/cache-norms-quick.json"
 NORMS_GPU = ("results/h100/cache-norms/gpt.json", "results/h100/cache-norms/llama.json", "results/h100/cache-norms/2bit.json")
-MODEL_NAMES = {"gpt-gelu": "GELU GPT", "gpt-relu2": "ReLU² GPT", "llama-swiglu": "Llama"}
 
 
 def _per_save(rec: dict, variant: str, rel: str) -> float:

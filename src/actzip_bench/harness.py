@@ -78,31 +78,8 @@ def run_interleaved(
     for r in range(warmup + rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
-            context = around[name]() if name in around else contextlib.nullcontext()
-            context.__enter__()
-            gc.collect()
-            _sync(device)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-                resident = torch.cuda.memory_allocated(device)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                variants[name]()
-                end.record()
-                _sync(device)
-                ms = start.elapsed_time(end)
-                if above_resident:
-                    own = held[name]() if name in held else 0
-                    peak = torch.cuda.max_memory_allocated(device) - resident + own
-                else:
-                    foreign = sum(fn() for other, fn in held.items() if other != name)
-                    peak = torch.cuda.max_memory_allocated(device) - foreign
-            else:
-                t0 = time.perf_counter()
-                variants[name]()
-                ms = (time.perf_counter() - t0) * 1e3
-                peak = None
-            context.__exit__(None, None, None)
+            with around[name]() if name in around else contextlib.nullcontext():
+                ms, peak = _measure(variants[name], name, device, held, above_resident)
             if r >= warmup:
                 results[name].times_ms.append(ms)
                 if peak is not None:
@@ -110,6 +87,29 @@ def run_interleaved(
             if progress is not None:
                 progress(name)
     return results
+
+
+def _measure(step: Callable[[], None], name: str, device: torch.device, held: dict, above_resident: bool):
+    """One timed run of ``step``: its milliseconds and, on CUDA, its peak (see :func:`run_interleaved`)."""
+    gc.collect()
+    _sync(device)
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        step()
+        return (time.perf_counter() - t0) * 1e3, None
+    torch.cuda.reset_peak_memory_stats(device)
+    resident = torch.cuda.memory_allocated(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    step()
+    end.record()
+    _sync(device)
+    ms = start.elapsed_time(end)
+    if above_resident:
+        own = held[name]() if name in held else 0
+        return ms, torch.cuda.max_memory_allocated(device) - resident + own
+    foreign = sum(fn() for other, fn in held.items() if other != name)
+    return ms, torch.cuda.max_memory_allocated(device) - foreign
 
 
 def runnable_strategies(cfg, device: torch.device):

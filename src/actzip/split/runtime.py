@@ -125,9 +125,9 @@ def scoring_ratios(score_at: str, current: Sequence[float], sizes: Sequence[floa
         return equal
     if score_at == "current":
         return list(current)
-    raised = [max(c, e) for c, e in zip(current, equal)]
-    scale = budget / sum(r * s for r, s in zip(raised, sizes))
-    return [min(1.0, r * scale) for r in raised]
+    raised = [max(c, e) for c, e in zip(current, equal)]  # each at least its equal share: payload >= budget
+    scale = budget / sum(r * s for r, s in zip(raised, sizes))  # so scale <= 1 and every ratio stays <= 1
+    return [r * scale for r in raised]
 
 
 def _group(items: dict, prefix: str) -> dict:
