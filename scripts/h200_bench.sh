@@ -30,7 +30,8 @@
 #   decentralized-unshaped-gpu (the same runs on one host), decentralized-wide-shaped-s0 (-s1, -s2: the wide
 #   shape's 4-bit-sync methods on the shaped link, dense off it; after netns-probe),
 #   cache-host-cost (the cache's host time per save on the GPU), cache-norms and cache-norms-wide (the lossy
-#   strategies beside the same with norm outputs rebuilt, 124M and d=4096),
+#   strategies beside the same with norm outputs rebuilt, 124M and d=4096), cache-loss-124m (4bit and 2bit
+#   against bf16 over 2000 steps at 124M, seeds 0-2),
 #   netns-probe (whether the shaped mesh can run there, with a carried iproute2), link-probe (bench link there;
 #   after netns-probe),
 #   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average),
@@ -137,6 +138,16 @@ for stage in $stages; do
       [ "$stage" = cache-norms-wide ] && size=(--gpt-preset d4096x4) && name=cache-d4096x4-norms
       az bench cache "${size[@]}" --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
         --strategies none,4bit,2bit,4bit+norms,2bit+norms,sketch-d8,sketch-d8+norms --rounds 8 --json "$out/$name.json" ;;
+    cache-loss-124m)  # the 124M GELU GPT's loss under 4bit and 2bit against bf16 (lossless: nothing compressed),
+      # 2000 steps of 8 windows of 512 tokens, every forward under bf16 autocast; seeds 0-2 side by side (losses
+      # only: their step times are not each alone)
+      mkdir -p "$out/presets-124m"
+      for seed in 0 1 2; do
+        az bench presets --model gpt2-124m --activation gelu --presets lossless,4bit,2bit --steps 2000 \
+          --batch-size 8 --block-size 512 --lr 3e-4 --dtype bfloat16 --seed $seed --device cuda \
+          --json "$out/presets-124m/gelu-seed$seed.json" > "$out/presets-124m/gelu-seed$seed.log" 2>&1 &
+      done
+      wait; rm -f "$out"/presets-124m/*.png; tail -qn 8 "$out"/presets-124m/*.log ;;
     cache-2bit)  # the 2bit preset next to 4bit, at both widths
       az bench cache --gpt-preset d4096x4 --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
         --strategies none,4bit,2bit --rounds 8 --json "$out/cache-d4096x4-2bit.json"

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from actzip.errors import ConfigError
 from actzip_bench.data import Corpus
 from actzip.memory.cache import CacheContext as ActivationCache, RoleTracker, preset_rules
 from actzip.memory.cache.rules import count_only_rules
@@ -42,13 +43,28 @@ class PresetBenchConfig:
     eval_batches: int = 8
     log_every: int = 10  # keep every n-th training loss in the record
     seed: int = 0  # initial weights and training batches (the validation batches stay fixed)
+    # "float32", or "bfloat16": every forward under autocast to bfloat16 (the weights and optimizer stay float32),
+    # as a user trains at 124M; the cache then sees bfloat16 activations and lossless keeps them as they are
+    dtype: str = "float32"
+    block_size: int | None = None  # sequence length (None: the GPT preset's)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"bench presets: dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.block_size is not None and not (isinstance(self.block_size, int) and self.block_size > 0):
+            raise ConfigError(f"bench presets: block_size must be a positive int or None, got {self.block_size!r}")
+
+
+def _autocast(cfg: PresetBenchConfig, device: torch.device):
+    """The forward's precision: autocast to bfloat16, or nothing for float32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
 
 
 def _val_loss(model, loss_fn, block: int, corpus: Corpus, cfg: PresetBenchConfig, device) -> float:
     g = torch.Generator().manual_seed(1234)
     losses = []
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), _autocast(cfg, device):
         for _ in range(cfg.eval_batches):
             x, y = corpus.get_batch("val", cfg.batch_size, block, generator=g, device=device)
             losses.append(float(loss_fn(x, y)))
@@ -58,8 +74,9 @@ def _val_loss(model, loss_fn, block: int, corpus: Corpus, cfg: PresetBenchConfig
 
 def _build(cfg: PresetBenchConfig, device: torch.device):
     """The model, its loss ``(x, y) -> scalar``, an optimizer factory and the sequence length."""
-    gcfg = GPTConfig.of_size(cfg.model) if cfg.activation == "swiglu" else \
-        GPTConfig.of_size(cfg.model, activation=cfg.activation)
+    size = {} if cfg.block_size is None else {"block_size": cfg.block_size}
+    gcfg = GPTConfig.of_size(cfg.model, **size) if cfg.activation == "swiglu" else \
+        GPTConfig.of_size(cfg.model, activation=cfg.activation, **size)
     torch.manual_seed(cfg.seed)
     if cfg.activation == "swiglu":
         from actzip_bench.cache_config import CacheBenchConfig
@@ -93,7 +110,7 @@ def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> 
         for step in range(cfg.steps):
             x, y = corpus.get_batch("train", cfg.batch_size, block, generator=g, device=device)
             t0 = time.perf_counter()
-            with RoleTracker(), cache:
+            with RoleTracker(), cache, _autocast(cfg, device):
                 loss = loss_fn(x, y)
             loss.backward()
             opt.step()

@@ -59,3 +59,28 @@ def test_the_seed_changes_weights_and_batches_and_is_recorded(tmp_path, monkeypa
         assert rec["config"]["seed"] == seed
         losses.setdefault(seed, []).append(rec["runs"][0]["train_loss"])
     assert losses[0][0] == losses[0][1] and losses[1][0] != losses[0][0]
+
+
+def test_bfloat16_forwards_keep_bfloat16_activations_and_the_sequence_length_is_an_option(tmp_path, monkeypatch):
+    """dtype bfloat16: forwards under autocast (other losses, fewer bytes kept: the linear layers' saved inputs in
+    bfloat16); block_size shortens the windows."""
+    import pytest
+    import torch
+
+    from actzip.errors import ConfigError
+    from actzip_bench.presets import PresetBenchConfig, run_presets
+
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    base = dict(presets=("lossless", "4bit"), steps=2, batch_size=2, corpus_bytes=200_000, block_size=32)
+    f32 = run_presets(PresetBenchConfig(**base), torch.device("cpu"))
+    b16 = run_presets(PresetBenchConfig(**base, dtype="bfloat16"), torch.device("cpu"))
+    assert f32["tokens_per_step"] == b16["tokens_per_step"] == 2 * 32
+    assert b16["config"]["dtype"] == "bfloat16"
+    ratio = b16["runs"][0]["dense_bytes_per_token"] / f32["runs"][0]["dense_bytes_per_token"]
+    assert ratio < 0.99  # at this size the loss head's float32 log-probabilities weigh most, and they stay
+    assert b16["runs"][0]["train_loss"] != f32["runs"][0]["train_loss"]
+    assert b16["runs"][1]["saved_bytes_per_token"] < 0.75 * b16["runs"][0]["saved_bytes_per_token"]
+    with pytest.raises(ConfigError, match="dtype"):
+        PresetBenchConfig(dtype="float16")
+    with pytest.raises(ConfigError, match="block_size"):
+        PresetBenchConfig(block_size=0)

@@ -207,6 +207,10 @@ def add_parsers(bench) -> None:
     pb.add_argument("--steps", type=int)
     pb.add_argument("--batch-size", type=int, dest="batch_size")
     pb.add_argument("--seed", type=int, help="initial weights and training batches (default 0)")
+    pb.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-3)")
+    pb.add_argument("--block-size", type=int, dest="block_size", help="sequence length (default: the GPT size's)")
+    pb.add_argument("--dtype", choices=["float32", "bfloat16"],
+                    help="float32 (default) or bfloat16: every forward under autocast, the weights in float32")
     pb.add_argument("--device")
     pb.add_argument("--json", metavar="PATH", help="also writes PATH with .png: the loss curves")
     pb.set_defaults(func=_bench_presets)
