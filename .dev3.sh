@@ -12,6 +12,6 @@ tail -n 6 /root/res/presets-124m/*.log /root/res/wire-paper-ablation-2st/*.log 2
 cd /root/res && rm -f */*.png && tar -czf $OUT/res.tar.gz . && cd /root/run
 left=$(( 575 - ($(date +%s) - t0) ))
 if ! pgrep -f "actzip_bench bench" > /dev/null && [ $left -gt 150 ]; then
-  ACTZIP_CODE_VERSION=a664bef timeout $left bash scripts/h200_bench.sh $OUT cache-norms 2>&1 | tail -40
+  ACTZIP_CODE_VERSION=813cb95 timeout $left bash scripts/h200_bench.sh $OUT cache-norms 2>&1 | tail -40
 fi
 ls -la $OUT
