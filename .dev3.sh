@@ -10,7 +10,7 @@ pgrep -af "actzip_bench bench" | head
 ls -la /root/res /root/res/*/
 tail -n 6 /root/res/presets-124m/*.log /root/res/wire-paper-ablation-2st/*.log 2>/dev/null | tail -80
 cd /root/res && rm -f */*.png && tar -czf $OUT/res.tar.gz . ; cd "$repo"
-export PYTHONPATH=src PYTHONUNBUFFERED=1 ACTZIP_CODE_VERSION=f4fe39f
+export PYTHONPATH=src PYTHONUNBUFFERED=1 ACTZIP_CODE_VERSION=387da67
 if ! pgrep -f "actzip_bench bench" > /dev/null; then
   timeout 100 python3 scripts/cache_profile.py --device cuda --model gpt-gelu --strategies none,4bit,4bit+norms --json $OUT/cache-profile-gpt.json
   timeout 100 python3 scripts/cache_profile.py --device cuda --model llama-swiglu --strategies none,4bit,4bit+norms --json $OUT/cache-profile-llama.json

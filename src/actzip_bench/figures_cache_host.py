@@ -14,6 +14,7 @@ HOST_AFTER = "results/cpu/cache-host-cost/after.json"
 GPU_HOST_BEFORE = "results/h100/cache-host-cost/before.json"  # the same two trees, every kernel launched
 GPU_HOST_AFTER = "results/h100/cache-host-cost/after.json"
 NORMS_QUICK = "results/cpu/cache-norms-quick.json"
+PROFILES = ("results/h100/cache-profile/gpt.json", "results/h100/cache-profile/llama.json")  # scripts/cache_profile.py
 NORMS_GPU = ("results/h100/cache-norms/gpt.json", "results/h100/cache-norms/llama.json", "results/h100/cache-norms/2bit.json")
 
 
@@ -96,7 +97,41 @@ def norms_gpu(root: Path) -> str:
     return "\n".join(lines)
 
 
+def _short(kernel: str) -> str:
+    """A kernel's name without its template arguments: what a reader can find in the code."""
+    return kernel.split("<")[0].split("(")[0].strip()[:60]
+
+
+def cache_profile(root: Path) -> str:
+    """Per model and strategy: the profiled step, the GPU's busy time, the time it waits for the host, and the
+    kernel groups that cost the most over the plain step."""
+    head = ["model", "strategy", "step ms", "GPU busy ms", "GPU waiting ms", "kernels that cost the most over none"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * 3 + "---|"]
+    rels = [rel for rel in PROFILES if (Path(root) / rel).exists()]
+    if not rels:
+        raise ConfigError(f"figure: none of {', '.join(PROFILES)} exists")
+    for rel in rels:
+        rec = load(root, rel)
+        rows = {r["strategy"]: r for r in rec["rows"]}
+        if "none" not in rows:
+            raise ConfigError(f"figure: {rel} has no 'none' row to compare with")
+        base = rows["none"]["kernels"]
+        for r in rec["rows"]:
+            extra = sorted(((k, v["ms"] - base.get(k, {"ms": 0.0})["ms"]) for k, v in r["kernels"].items()),
+                           key=lambda kv: -kv[1])
+            top = "; ".join(f"{_short(k)} +{ms:.2f}" for k, ms in extra[:3] if ms > 0.05) or "-"
+            lines.append(f"| {MODEL_NAMES.get(rec['model'], rec['model'])} | {r['strategy']} | {r['step_ms']:.1f} | "
+                         f"{r['gpu_busy_ms']:.1f} | {r['gpu_idle_ms']:.1f} | {top if r['strategy'] != 'none' else '-'} |")
+    c = load(root, rels[0])
+    return "\n".join([
+        f"`scripts/cache_profile.py`, {c['config']['batch_size']} × {c['config']['seq_len']} tokens, "
+        f"{c['config']['dtype']}, {c['config']['steps']} profiled steps per strategy after 3 warm-up steps, on "
+        f"{c['machine'].get('gpu', c['machine']['host_cpu'])}; the GPU's busy time is the sum of its kernels' "
+        "own intervals, the rest of the step it waits:", "", *lines, "", cite(*rels)])
+
+
 RENDERERS = {
+    "memory-cache-profile": cache_profile,
     "memory-cache-host-cost": host_cost,
     "memory-cache-norms": norms_bytes,
     "memory-cache-norms-gpu": norms_gpu,
