@@ -4,7 +4,8 @@ Builds ``actzip bench cache``'s model (the same config: ``--model``, ``--gpt-pre
 1024-token loss chunks), runs a few warm-up steps of each strategy, then profiles ``--steps`` steps of each with
 ``torch.profiler``: the step's wall time, the GPU's busy time (kernels and copies), and every kernel's total time,
 grouped by name, with the kernels that only the strategy runs (or that take longer under it) first. The rest of
-a step's wall time is the GPU waiting for the host: launches, Python, the hooks' bookkeeping.
+a step's wall time is the GPU waiting for the host: launches, Python, the hooks' bookkeeping; the record also
+lists the host's costliest operations by self time (``host_ops``), per step.
 
     PYTHONPATH=src python scripts/cache_profile.py --device cuda [--model gpt-gelu] [--strategies none,4bit]
         [--json PATH]
@@ -32,6 +33,13 @@ def _step(model, opt, strategy, x, y) -> None:
     opt.zero_grad(set_to_none=True)
     if strategy.cache is not None:
         strategy.cache.history.clear()
+
+
+def _host_ops(prof, top: int) -> list[dict]:
+    """The host's costliest operations over the profiled steps, by self time (ms in all, calls)."""
+    rows = [e for e in prof.key_averages() if getattr(e, "self_cpu_time_total", 0) > 0]
+    rows.sort(key=lambda e: -e.self_cpu_time_total)
+    return [{"name": e.key[:120], "self_ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in rows[:top]]
 
 
 def _kernels(prof) -> dict[str, dict]:
@@ -94,7 +102,10 @@ def main() -> None:
                 wall = (time.perf_counter() - t0) / args.steps * 1e3
         kernels = _kernels(prof)
         busy = sum(k["ms"] for k in kernels.values()) / args.steps
+        host = [{**h, "self_ms": h["self_ms"] / args.steps, "calls": h["calls"] / args.steps}
+                for h in _host_ops(prof, 3 * args.top)]
         rows.append({"strategy": name, "step_ms": wall, "gpu_busy_ms": busy, "gpu_idle_ms": wall - busy,
+                     "host_ops": host,
                      "kernels": {k: {"ms": v["ms"] / args.steps, "calls": v["calls"] / args.steps}
                                  for k, v in kernels.items()}})
     base = rows[0]["kernels"]

@@ -19,4 +19,5 @@ def test_the_profile_writes_one_row_per_strategy(tmp_path):
     for r in rec["rows"]:
         assert r["step_ms"] > 0 and r["gpu_busy_ms"] == 0.0  # a CPU: no GPU kernels
         assert r["gpu_idle_ms"] == r["step_ms"]
+        assert r["host_ops"] and all(h["self_ms"] > 0 and h["calls"] > 0 for h in r["host_ops"])
     assert "4bit:" in done.stdout
