@@ -140,7 +140,8 @@ for stage in $stages; do
         --strategies none,4bit,2bit,4bit+norms,2bit+norms,sketch-d8,sketch-d8+norms --rounds 8 --json "$out/$name.json" ;;
     cache-loss-124m)  # the 124M GELU GPT's loss under 4bit and 2bit against bf16 (lossless: nothing compressed),
       # 2000 steps of 8 windows of 512 tokens, every forward under bf16 autocast; seeds 0-2 side by side (losses
-      # only: their step times are not each alone)
+      # only: their step times are not each alone). Longer than one 10-minute call on an H100 (lossless and 4bit
+      # alone had not finished in five): start it in the background (setsid) and collect it with a later call
       mkdir -p "$out/presets-124m"
       for seed in 0 1 2; do
         az bench presets --model gpt2-124m --activation gelu --presets lossless,4bit,2bit --steps 2000 \
