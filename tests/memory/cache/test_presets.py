@@ -270,3 +270,34 @@ def test_the_2bit_preset_takes_linear_inputs_to_2_bits_and_the_rest_to_4():
     assert by["linear_input:quant2"].tensors == 2 and by["nonlinear_input:quant4"].tensors == 1, sorted(by)
     assert by["norm:quant4"].tensors >= 1
     assert all(n.endswith((":quant2", ":quant4")) for n in by if n != "leaf"), sorted(by)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("preset", ["4bit", "2bit", "conservative", "balanced", "aggressive"])
+def test_a_lossy_preset_trains_a_gpt_step_without_synchronizing_after_its_first_steps(preset):
+    """Forward, backward and the optimizer's step of the reference GPT (GELU: no mostly-zero tensors) under a
+    lossy preset, with the roles replayed: after a few steps nothing waits for the device."""
+    from actzip_bench.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.of_size("tiny", activation="gelu")).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx = torch.randint(0, 256, (4, 65), device="cuda")
+    cache = actzip.cache(preset, min_bytes=0)
+
+    def step():
+        with cache:
+            _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        cache.history.clear()
+
+    for _ in range(3):  # kernels compiled, roles tracked once, decisions remembered
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
