@@ -25,16 +25,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import torch  # noqa: E402
 
 
-def _step(model, opt, strategy, x, y) -> None:
-    with strategy.forward_context():
-        loss = model.loss(x, y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    if strategy.cache is not None:
-        strategy.cache.history.clear()
-
-
 def _host_ops(prof, top: int) -> list[dict]:
     """The host's costliest operations over the profiled steps, by self time (ms in all, calls)."""
     rows = [e for e in prof.key_averages() if getattr(e, "self_cpu_time_total", 0) > 0]
@@ -92,12 +82,12 @@ def main() -> None:
         # what the strategy changes in the model (modules swapped, norms rebuilt) stays for its steps, untimed
         with s, s.prepared():
             for _ in range(3):
-                _step(model, opt, s, x, y)
+                s.train_step(opt, x, y)
             sync()
             with torch.profiler.profile(activities=activities) as prof:
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
-                    _step(model, opt, s, x, y)
+                    s.train_step(opt, x, y)
                 sync()
                 wall = (time.perf_counter() - t0) / args.steps * 1e3
         kernels = _kernels(prof)

@@ -182,14 +182,7 @@ def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, pr
 
     def step(s: Strategy) -> None:
         with s:
-            with s.forward_context():
-                loss = model.loss(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        if s.cache is not None:
-            s.cache.history.clear()
-        last_loss[s.name] = loss.detach()
+            last_loss[s.name] = s.train_step(opt, x, y)
 
     # The harness collects garbage before every step; with transformers and torch's compiler stack imported a
     # full collection takes a few hundred ms. Freezing what exists now leaves only the steps' own garbage to it.

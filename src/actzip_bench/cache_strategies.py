@@ -54,6 +54,18 @@ class Strategy:
         cache = cache if cache is not None else self.cache
         return cache if cache is not None else nullcontext()
 
+    def train_step(self, opt, x, y):
+        """One training step of the shared model under this strategy's cache (the caller has entered the
+        strategy, so its modules are in place): forward, backward, the optimizer's step; the detached loss."""
+        with self.forward_context():
+            loss = self.model.loss(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if self.cache is not None:
+            self.cache.history.clear()
+        return loss.detach()
+
     def prepared(self):
         """What the strategy changes in the model that takes longer than a step should pay for, done before
         its timed step and undone after (the norms' swap and hooks), or nothing."""
