@@ -53,10 +53,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="default: bench cache's (32), 2 on a CPU")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps per strategy")
     parser.add_argument("--top", type=int, default=12, help="kernel groups listed per strategy")
+    parser.add_argument("--compile", default="", help="bench cache's --compile: inductor, inductor-cudagraphs, "
+                        "aot_eager (default: eager)")
     parser.add_argument("--json", default=None, help="write the record here")
     args = parser.parse_args()
     device = torch.device(args.device)
     from actzip_bench.cache_config import CacheBenchConfig
+    from actzip_bench.cache import compiled_model
     from actzip_bench.cache_models import adamw, build_model
     from actzip_bench.cache_strategies import Strategy, sketch_strategy_modules
     from actzip_bench.data import Corpus
@@ -66,8 +69,11 @@ def main() -> None:
     strategies = args.strategies.split(",")
     cfg = CacheBenchConfig(models=(args.model,), gpt_preset=args.gpt_preset or ("tiny" if cpu else "gpt2-124m"),
                            batch_size=args.batch_size or (2 if cpu else 32), seq_len=64 if cpu else 1024,
-                           loss_chunk=1024, strategies=tuple(strategies), **({"min_bytes": 0} if cpu else {}))
+                           loss_chunk=1024, strategies=tuple(strategies), compile=args.compile,
+                           **({"min_bytes": 0} if cpu else {}))
     model = build_model(args.model, cfg, device)
+    if cfg.compile:
+        model = compiled_model(model, cfg.compile)
     opt = adamw(model.module, cfg.lr)
     sketched, plain = sketch_strategy_modules(model, cfg) if any(s.startswith("sketch") for s in strategies) \
         else (None, None)
@@ -112,7 +118,8 @@ def main() -> None:
         record = {"command": "python " + " ".join(sys.argv), "machine": machine_record(device),
                   "model": args.model, "config": {"gpt_preset": cfg.gpt_preset, "batch_size": cfg.batch_size,
                                                   "seq_len": cfg.seq_len, "loss_chunk": cfg.loss_chunk,
-                                                  "dtype": cfg.dtype, "steps": args.steps},
+                                                  "dtype": cfg.dtype, "steps": args.steps,
+                                                  "compile": cfg.compile},
                   "rows": rows}
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)

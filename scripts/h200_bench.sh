@@ -31,7 +31,9 @@
 #   shape's 4-bit-sync methods on the shaped link, dense off it; after netns-probe),
 #   cache-host-cost (the cache's host time per save on the GPU), cache-norms and cache-norms-wide (the lossy
 #   strategies beside the same with norm outputs rebuilt, 124M and d=4096), cache-loss-124m (4bit and 2bit
-#   against bf16 over 2000 steps at 124M, seeds 0-2),
+#   against bf16 over 2000 steps at 124M, seeds 0-2), cache-compile-graphs and cache-compile-graphs-wide (the
+#   compiled step with the codec fused and the graphs replayed as CUDA graphs, beside plain inductor; 124M and
+#   d=4096),
 #   netns-probe (whether the shaped mesh can run there, with a carried iproute2), link-probe (bench link there;
 #   after netns-probe),
 #   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average),
@@ -149,6 +151,17 @@ for stage in $stages; do
           --json "$out/presets-124m/gelu-seed$seed.json" > "$out/presets-124m/gelu-seed$seed.log" 2>&1 &
       done
       wait; rm -f "$out"/presets-124m/*.png; tail -qn 8 "$out"/presets-124m/*.log ;;
+    cache-compile-graphs|cache-compile-graphs-wide)  # the compiled step with the codec fused into the graphs
+      # (--fuse-compiled) and the graphs replayed as CUDA graphs (no host work per save), beside plain inductor
+      # with the codec's custom op, at 124M (or 4 blocks of d=4096); then a profile of the fused graphed step
+      size=(); name=124m
+      [ "$stage" = cache-compile-graphs-wide ] && size=(--gpt-preset d4096x4) && name=d4096x4
+      for mode in inductor-cudagraphs inductor; do for fuse in --fuse-compiled ""; do
+        az bench cache "${size[@]}" --models gpt-gelu,llama-swiglu --loss-chunk 1024 --strategies none,4bit,2bit \
+          --rounds 8 --compile $mode $fuse --json "$out/cache-compile-$name-$mode${fuse:+-fused}.json"
+      done; done
+      [ "$name" = 124m ] && python3 scripts/cache_profile.py --device cuda --compile inductor-cudagraphs \
+        --strategies none,4bit --json "$out/cache-profile-gpt-cudagraphs.json" ;;
     cache-2bit)  # the 2bit preset next to 4bit, at both widths
       az bench cache --gpt-preset d4096x4 --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
         --strategies none,4bit,2bit --rounds 8 --json "$out/cache-d4096x4-2bit.json"

@@ -55,7 +55,8 @@ Measured per model and strategy:
 With ``compile`` the loss runs under ``torch.compile`` for every strategy alike (:func:`compiled_model`): the
 cache then decides, at compile time, what the compiled graphs save (:mod:`actzip.memory.cache.graph_hooks`), and
 the count-only probe of ``none`` counts what the compiled bf16 step saves. The warm-up steps include the
-compilations.
+compilations. Under ``inductor-cudagraphs`` each step begins with ``torch.compiler.cudagraph_mark_step_begin()``
+and the graphs' memory pools count in the peak.
 
 On the CPU the same code runs at a tiny size (``QUICK``); time is then wall-clock and there is no peak.
 """
@@ -150,15 +151,18 @@ def _probe(strategies: dict[str, Strategy], model: BenchModel, x, y, tokens: int
 
 
 def compiled_model(model: BenchModel, backend: str) -> BenchModel:
-    """``model`` with its loss under ``torch.compile(backend=backend)``. Each strategy's cache, checkpointing and
-    module swap is a variant dynamo compiles once (it guards on the saved-tensor hooks and the modules): the
-    limit of variants per function is raised so that none of them falls back to eager code."""
+    """``model`` with its loss under ``torch.compile(backend=backend)`` (``inductor-cudagraphs``: inductor with
+    ``mode="reduce-overhead"``). Each strategy's cache, checkpointing and module swap is a variant dynamo
+    compiles once (it guards on the saved-tensor hooks and the modules): the limit of variants per function is
+    raised so that none of them falls back to eager code."""
     import dataclasses
 
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 1024)
+    if backend == "inductor-cudagraphs":
+        return dataclasses.replace(model, loss=torch.compile(model.loss, backend="inductor", mode="reduce-overhead"))
     return dataclasses.replace(model, loss=torch.compile(model.loss, backend=backend))
 
 

@@ -62,8 +62,13 @@ class CacheBenchConfig:
     corpus_bytes: int = 4_000_000  # bytes of the embedded corpus read
     seed: int = 0
     # The loss (forward of the whole model) under torch.compile for every strategy: "" (eager), "inductor"
-    # (the default backend) or "aot_eager" (AOTAutograd without code generation).
+    # (the default backend), "inductor-cudagraphs" (inductor with mode="reduce-overhead": its forward and backward
+    # graphs replayed as CUDA graphs, no host work per saved tensor) or "aot_eager" (AOTAutograd without code
+    # generation).
     compile: str = ""
+    # with compile: every cache writes the quant codec in the graph's own operations, for the compiler to fuse
+    # with the producing and consuming kernels (CacheConfig.fuse_compiled) instead of calling a custom op per save
+    fuse_compiled: bool = False
 
     def __post_init__(self) -> None:
         self.models, self.strategies = tuple(self.models), tuple(self.strategies)
@@ -89,12 +94,15 @@ class CacheBenchConfig:
             raise ConfigError(f"cache bench: vocab_size must be >= {BYTE_VOCAB} (the corpus is bytes), got {self.vocab_size}")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise ConfigError(f"cache bench: dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
-        if self.compile not in ("", "inductor", "aot_eager"):
-            raise ConfigError(f"cache bench: compile must be '', 'inductor' or 'aot_eager', got {self.compile!r}")
+        if self.compile not in COMPILE_MODES:
+            raise ConfigError(f"cache bench: compile must be one of {list(COMPILE_MODES)}, got {self.compile!r}")
+        if self.fuse_compiled and not self.compile:
+            raise ConfigError("cache bench: fuse_compiled needs compile (it writes the codec into compiled graphs)")
         if not 0 < self.sketch_ratio <= 1:
             raise ConfigError(f"cache bench: sketch_ratio must be in (0, 1], got {self.sketch_ratio!r}")
 
 
+COMPILE_MODES = ("", "inductor", "inductor-cudagraphs", "aot_eager")  # CacheBenchConfig.compile
 # A CPU run of every model and strategy in well under a minute on two cores.
 QUICK = {"gpt_preset": "tiny", "seq_len": 64, "batch_size": 4, "vocab_size": BYTE_VOCAB, "rounds": 2, "warmup": 1,
          "min_bytes": 0, "loss_chunk": 128, "corpus_bytes": 200_000}

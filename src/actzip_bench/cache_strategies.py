@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 
+import torch
 import torch.nn as nn
 
 from actzip_bench.cache_config import NORMS, CacheBenchConfig
@@ -27,14 +28,16 @@ class Strategy:
     """How one strategy runs a step on the shared model: modules swapped in, checkpointing, cache."""
 
     def __init__(self, name: str, cfg: CacheBenchConfig, model: BenchModel, sketched: dict | None, plain: dict | None):
-        from actzip.memory.cache import CacheContext
+        from actzip.memory.cache import CacheConfig, CacheContext
 
         self.name, self.model = name, model
         self.rules = strategy_rules(name, cfg)
         # a cache whose rules ask for each tensor's role (the lossy presets') tracks the roles itself
-        self.cache = None if self.rules is None else CacheContext(rules=self.rules)
+        self.cache = None if self.rules is None else \
+            CacheContext(CacheConfig(fuse_compiled=cfg.fuse_compiled), rules=self.rules)
         self.swap = (sketched, plain) if name.removesuffix(NORMS) == "sketch-d8" else None
         self.norms = name.endswith(NORMS)
+        self.graphed = cfg.compile == "inductor-cudagraphs"  # the compiled loss replays CUDA graphs
 
     def __enter__(self):
         if self.swap:
@@ -56,7 +59,10 @@ class Strategy:
 
     def train_step(self, opt, x, y):
         """One training step of the shared model under this strategy's cache (the caller has entered the
-        strategy, so its modules are in place): forward, backward, the optimizer's step; the detached loss."""
+        strategy, so its modules are in place): forward, backward, the optimizer's step; the loss, a copy (a CUDA
+        graph's output is overwritten by its next replay)."""
+        if self.graphed:
+            torch.compiler.cudagraph_mark_step_begin()  # the step before's outputs are no longer read
         with self.forward_context():
             loss = self.model.loss(x, y)
         loss.backward()
@@ -64,7 +70,7 @@ class Strategy:
         opt.zero_grad(set_to_none=True)
         if self.cache is not None:
             self.cache.history.clear()
-        return loss.detach()
+        return loss.detach().clone()
 
     def prepared(self):
         """What the strategy changes in the model that takes longer than a step should pay for, done before

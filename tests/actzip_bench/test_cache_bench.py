@@ -164,3 +164,49 @@ def test_norm_rebuilding_strategies_free_the_llama_norms_outputs_and_leave_the_m
     model, hooks_at_build = built[0]
     assert not any(isinstance(m, ExactRMSNorm) for m in model.module.modules())  # undone after every step
     assert hooks(model.module) == hooks_at_build
+
+
+def test_the_cudagraphs_mode_compiles_with_reduce_overhead_and_marks_each_step(monkeypatch):
+    """compile="inductor-cudagraphs": inductor with mode="reduce-overhead", and every step of a strategy first
+    tells the CUDA graph trees that the step before's outputs are no longer read (the loss it returns is a copy)."""
+    import torch
+
+    from actzip_bench.cache import compiled_model
+    from actzip_bench.cache_models import adamw, build_model
+    from actzip_bench.cache_strategies import Strategy
+    from actzip_bench.cache_config import QUICK
+
+    with pytest.raises(ConfigError, match="compile must be one of"):
+        CacheBenchConfig(compile="cudagraphs")
+    cfg = CacheBenchConfig(**{**QUICK, "models": ("gpt-gelu",), "strategies": ("none", "4bit"),
+                              "compile": "inductor-cudagraphs"})
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: (seen.append(kw), fn)[1])
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    model = compiled_model(build_model("gpt-gelu", cfg, torch.device("cpu")), cfg.compile)
+    assert seen == [{"backend": "inductor", "mode": "reduce-overhead"}]
+    opt = adamw(model.module, cfg.lr)
+    x = torch.randint(0, 256, (2, cfg.seq_len))
+    s = Strategy("4bit", cfg, model, None, None)
+    with s:
+        loss = s.train_step(opt, x, x)
+    assert marks == [1] and loss.dim() == 0 and not loss.requires_grad
+    eager = Strategy("4bit", CacheBenchConfig(**{**QUICK, "models": ("gpt-gelu",)}), model, None, None)
+    with eager:
+        eager.train_step(opt, x, x)
+    assert marks == [1]  # only the graphed mode marks its steps
+
+
+def test_the_fused_compiled_codec_is_an_option_of_the_compiled_bench_only():
+    import torch
+
+    from actzip_bench.cache_config import QUICK
+    from actzip_bench.cache_models import build_model
+    from actzip_bench.cache_strategies import Strategy
+
+    with pytest.raises(ConfigError, match="fuse_compiled needs compile"):
+        CacheBenchConfig(fuse_compiled=True)
+    cfg = CacheBenchConfig(**{**QUICK, "models": ("gpt-gelu",), "compile": "aot_eager", "fuse_compiled": True})
+    s = Strategy("4bit", cfg, build_model("gpt-gelu", cfg, torch.device("cpu")), None, None)
+    assert s.cache.config.fuse_compiled

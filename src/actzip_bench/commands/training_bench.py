@@ -254,8 +254,12 @@ def add_parsers(bench) -> None:
     cb.add_argument("--loss-chunk", type=int, dest="loss_chunk",
                     help="output head + loss this many tokens at a time (default 4096; 0: full float32 logits)")
     cb.add_argument("--group-size", type=int, dest="group_size", help="quantization group (default 128)")
-    cb.add_argument("--compile", choices=["inductor", "aot_eager"],
-                    help="run every strategy's loss under torch.compile with this backend (default: eager)")
+    cb.add_argument("--compile", choices=["inductor", "inductor-cudagraphs", "aot_eager"],
+                    help="run every strategy's loss under torch.compile with this backend (default: eager); "
+                    "inductor-cudagraphs: inductor with mode=reduce-overhead (CUDA graphs)")
+    cb.add_argument("--fuse-compiled", action="store_true", dest="fuse_compiled", default=None,
+                    help="with --compile: the quant codec written in the graphs' own operations, fused by the "
+                    "compiler (CacheConfig.fuse_compiled)")
     cb.add_argument("--device")
     cb.add_argument("--json", metavar="PATH")
     cb.set_defaults(func=_bench_cache)
