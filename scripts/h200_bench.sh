@@ -33,7 +33,7 @@
 #   strategies beside the same with norm outputs rebuilt, 124M and d=4096), cache-loss-124m (4bit and 2bit
 #   against bf16 over 2000 steps at 124M, seeds 0-2), cache-compile-graphs and cache-compile-graphs-wide (the
 #   compiled step with the codec fused and the graphs replayed as CUDA graphs, beside plain inductor; 124M and
-#   d=4096),
+#   d=4096), cache-graphs (every strategy's eager step captured as a CUDA graph, 124M and d=4096),
 #   netns-probe (whether the shaped mesh can run there, with a carried iproute2), link-probe (bench link there;
 #   after netns-probe),
 #   decentralized-pca-average-loss (the pca loss runs' protocol for pca+diloco against pca+average),
@@ -162,6 +162,12 @@ for stage in $stages; do
       done; done
       [ "$name" = 124m ] && python3 scripts/cache_profile.py --device cuda --compile inductor-cudagraphs \
         --strategies none,4bit --json "$out/cache-profile-gpt-cudagraphs.json" ;;
+    cache-graphs)  # each strategy's whole eager step captured as a CUDA graph and replayed (the caches graph_safe):
+      # the step without the host's work per save, at 124M and at d=4096
+      az bench cache --graphs --models gpt-gelu,llama-swiglu --loss-chunk 1024 --strategies none,4bit,2bit \
+        --rounds 8 --json "$out/cache-graphs-124m.json"
+      az bench cache --graphs --gpt-preset d4096x4 --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
+        --strategies none,4bit,2bit --rounds 8 --json "$out/cache-graphs-d4096x4.json" ;;
     cache-2bit)  # the 2bit preset next to 4bit, at both widths
       az bench cache --gpt-preset d4096x4 --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
         --strategies none,4bit,2bit --rounds 8 --json "$out/cache-d4096x4-2bit.json"

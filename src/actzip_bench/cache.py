@@ -56,7 +56,8 @@ With ``compile`` the loss runs under ``torch.compile`` for every strategy alike 
 cache then decides, at compile time, what the compiled graphs save (:mod:`actzip.memory.cache.graph_hooks`), and
 the count-only probe of ``none`` counts what the compiled bf16 step saves. The warm-up steps include the
 compilations. Under ``inductor-cudagraphs`` each step begins with ``torch.compiler.cudagraph_mark_step_begin()``
-and the graphs' memory pools count in the peak.
+and the graphs' memory pools count in the peak. With ``graphs`` each strategy's eager step is captured whole as a
+CUDA graph (:func:`captured_step`, the caches ``graph_safe``) and the timed steps are its replays; no peak then.
 
 On the CPU the same code runs at a tiny size (``QUICK``); time is then wall-clock and there is no peak.
 """
@@ -72,6 +73,7 @@ import torch
 
 from actzip_bench.cache_config import (BYTE_VOCAB, DESCRIPTIONS, HEAD, KNOWN_STRATEGIES, LLAMA_VOCAB, MODELS, QUICK,
                                        STRATEGIES, CacheBenchConfig, with_quick)
+from actzip.errors import ConfigError
 from actzip_bench.cache_models import BenchModel, adamw, build_model, head_loss
 from actzip_bench.cache_render import render
 from actzip_bench.cache_strategies import Strategy, sketch_modules, sketch_strategy_modules, strategy_rules, use_modules
@@ -166,6 +168,26 @@ def compiled_model(model: BenchModel, backend: str) -> BenchModel:
     return dataclasses.replace(model, loss=torch.compile(model.loss, backend=backend))
 
 
+def captured_step(s: Strategy, opt, x, y, last_loss: dict):
+    """Strategy ``s``'s training step captured as a CUDA graph, after torch's warm-up on a side stream (three
+    eager steps: kernels compiled, roles tracked, the step noise's offsets made); ``last_loss[s.name]`` is the
+    graph's loss, which each replay rewrites."""
+    if x.device.type != "cuda":
+        raise ConfigError(f"cache bench: graphs capture CUDA graphs; the device is {x.device}")
+    with s, s.prepared():
+        side = torch.cuda.Stream(x.device)
+        side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                s.train_step(opt, x, y)
+        torch.cuda.current_stream(x.device).wait_stream(side)
+        opt.zero_grad(set_to_none=True)  # the gradients are then made in the graph's memory
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            last_loss[s.name] = s.train_step(opt, x, y)
+    return graph
+
+
 def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, progress=None) -> dict:
     from actzip_bench.harness import run_interleaved
 
@@ -173,7 +195,7 @@ def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, pr
     if cfg.compile:
         model = compiled_model(model, cfg.compile)
     n_params = sum(p.numel() for p in model.module.parameters())
-    opt = adamw(model.module, cfg.lr)
+    opt = adamw(model.module, cfg.lr, capturable=cfg.graphs)
     sketched, plain = sketch_strategy_modules(model, cfg) if "sketch-d8" in cfg.strategies else (None, None)
     order = ["none", *[s for s in cfg.strategies if s != "none"]]
     strategies = {s: Strategy(s, cfg, model, sketched, plain) for s in order}
@@ -188,14 +210,19 @@ def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, pr
         with s:
             last_loss[s.name] = s.train_step(opt, x, y)
 
+    variants = {n: (lambda s=s: step(s)) for n, s in strategies.items()}
+    around = {n: s.prepared for n, s in strategies.items()}
+    if cfg.graphs:  # each strategy's step captured once; the timed steps replay it
+        graphs = {n: captured_step(s, opt, x, y, last_loss) for n, s in strategies.items()}
+        variants, around = {n: g.replay for n, g in graphs.items()}, {}
+
     # The harness collects garbage before every step; with transformers and torch's compiler stack imported a
     # full collection takes a few hundred ms. Freezing what exists now leaves only the steps' own garbage to it.
     gc.collect()
     gc.freeze()
     try:
-        results = run_interleaved({n: (lambda s=s: step(s)) for n, s in strategies.items()}, device,
-                                  rounds=cfg.rounds, warmup=cfg.warmup, progress=progress,
-                                  around={n: s.prepared for n, s in strategies.items()})
+        results = run_interleaved(variants, device, rounds=cfg.rounds, warmup=cfg.warmup, progress=progress,
+                                  around=around)
     finally:
         gc.unfreeze()
     gc.collect()
@@ -213,6 +240,7 @@ def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, pr
             **r.summary(),
             "time_vs_none": r.median_ms / base.median_ms,
             "peak_vs_none": r.peak_bytes / base.peak_bytes if r.peak_bytes and base.peak_bytes else None,
+            **({"peak_bytes": None, "peak_vs_none": None} if cfg.graphs else {}),  # the graphs' pools, not steps
             "last_loss": float(last_loss[n]),
             "by_rule": p["by_rule"],
         })

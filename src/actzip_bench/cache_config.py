@@ -69,6 +69,11 @@ class CacheBenchConfig:
     # with compile: every cache writes the quant codec in the graph's own operations, for the compiler to fuse
     # with the producing and consuming kernels (CacheConfig.fuse_compiled) instead of calling a custom op per save
     fuse_compiled: bool = False
+    # every strategy's whole training step captured as a CUDA graph (torch.cuda.graph) and its timed steps
+    # replays: no host work per saved tensor; the caches graph_safe (CacheConfig.graph_safe), AdamW capturable.
+    # Only the strategies a graph can replay (GRAPHED_STRATEGIES); peaks are not measured (each graph keeps its
+    # own memory pool), the bytes come from the eager probe as always
+    graphs: bool = False
 
     def __post_init__(self) -> None:
         self.models, self.strategies = tuple(self.models), tuple(self.strategies)
@@ -96,6 +101,9 @@ class CacheBenchConfig:
             raise ConfigError(f"cache bench: dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
         if self.compile not in COMPILE_MODES:
             raise ConfigError(f"cache bench: compile must be one of {list(COMPILE_MODES)}, got {self.compile!r}")
+        if self.graphs and (self.compile or set(self.strategies) - set(GRAPHED_STRATEGIES)):
+            raise ConfigError(f"cache bench: graphs runs eager steps (no compile) of {list(GRAPHED_STRATEGIES)} only, "
+                              f"got compile={self.compile!r} and strategies {list(self.strategies)}")
         if self.fuse_compiled and not self.compile:
             raise ConfigError("cache bench: fuse_compiled needs compile (it writes the codec into compiled graphs)")
         if not 0 < self.sketch_ratio <= 1:
@@ -103,6 +111,10 @@ class CacheBenchConfig:
 
 
 COMPILE_MODES = ("", "inductor", "inductor-cudagraphs", "aot_eager")  # CacheBenchConfig.compile
+# what CacheBenchConfig.graphs can capture: fixed-size payloads, noise moved on the device (no sparse codec, no
+# sketch, whose signs are drawn on the host), and no module swapped in only for the capture (+norms: a replay
+# would read the swapped modules after they are gone)
+GRAPHED_STRATEGIES = ("none", "4bit", "2bit", "checkpoint")
 # A CPU run of every model and strategy in well under a minute on two cores.
 QUICK = {"gpt_preset": "tiny", "seq_len": 64, "batch_size": 4, "vocab_size": BYTE_VOCAB, "rounds": 2, "warmup": 1,
          "min_bytes": 0, "loss_chunk": 128, "corpus_bytes": 200_000}

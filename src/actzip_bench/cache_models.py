@@ -102,10 +102,12 @@ def build_model(name: str, cfg: CacheBenchConfig, device: torch.device) -> Bench
     return m
 
 
-def adamw(model: nn.Module, lr: float) -> torch.optim.AdamW:
-    """AdamW, weight decay on matrices and embeddings only (as the reference GPT's optimizer)."""
+def adamw(model: nn.Module, lr: float, capturable: bool = False) -> torch.optim.AdamW:
+    """AdamW, weight decay on matrices and embeddings only (as the reference GPT's optimizer); ``capturable``:
+    its step counts on the device, so that a CUDA graph can capture its step."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=all(p.is_cuda for p in params))
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=all(p.is_cuda for p in params),
+                             capturable=capturable)
 

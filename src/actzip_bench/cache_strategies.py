@@ -34,7 +34,7 @@ class Strategy:
         self.rules = strategy_rules(name, cfg)
         # a cache whose rules ask for each tensor's role (the lossy presets') tracks the roles itself
         self.cache = None if self.rules is None else \
-            CacheContext(CacheConfig(fuse_compiled=cfg.fuse_compiled), rules=self.rules)
+            CacheContext(CacheConfig(fuse_compiled=cfg.fuse_compiled, graph_safe=cfg.graphs), rules=self.rules)
         self.swap = (sketched, plain) if name.removesuffix(NORMS) == "sketch-d8" else None
         self.norms = name.endswith(NORMS)
         self.graphed = cfg.compile == "inductor-cudagraphs"  # the compiled loss replays CUDA graphs

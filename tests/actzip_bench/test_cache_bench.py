@@ -210,3 +210,37 @@ def test_the_fused_compiled_codec_is_an_option_of_the_compiled_bench_only():
     cfg = CacheBenchConfig(**{**QUICK, "models": ("gpt-gelu",), "compile": "aot_eager", "fuse_compiled": True})
     s = Strategy("4bit", cfg, build_model("gpt-gelu", cfg, torch.device("cpu")), None, None)
     assert s.cache.config.fuse_compiled
+
+
+def test_graphs_take_the_strategies_a_graph_can_replay_and_need_a_gpu():
+    import torch
+
+    from actzip_bench.cache import run_model
+    from actzip_bench.cache_config import QUICK
+    from actzip_bench.data import Corpus
+
+    for bad in ({"strategies": ("none", "sketch-d8")}, {"strategies": ("none", "4bit+norms")},
+                {"compile": "inductor"}):
+        with pytest.raises(ConfigError, match="graphs runs eager steps"):
+            CacheBenchConfig(graphs=True, **bad)
+    cfg = CacheBenchConfig(**{**QUICK, "models": ("gpt-gelu",), "strategies": ("none", "4bit"), "graphs": True})
+    if torch.cuda.is_available():
+        return  # the GPU test below runs it
+    with pytest.raises(ConfigError, match="graphs capture CUDA graphs"):
+        run_model("gpt-gelu", cfg, torch.device("cpu"), Corpus.from_stdlib(max_bytes=cfg.corpus_bytes))
+
+
+@pytest.mark.cuda
+def test_graphed_steps_replay_every_strategy_with_the_eager_probes_bytes():
+    import torch
+
+    from actzip_bench.cache import run_model
+    from actzip_bench.cache_config import QUICK
+    from actzip_bench.data import Corpus
+
+    cfg = CacheBenchConfig(**{**QUICK, "models": ("gpt-gelu",), "strategies": ("none", "4bit", "2bit", "checkpoint"),
+                              "graphs": True})
+    rec = run_model("gpt-gelu", cfg, torch.device("cuda"), Corpus.from_stdlib(max_bytes=cfg.corpus_bytes))
+    runs = {r["strategy"]: r for r in rec["runs"]}
+    assert runs["4bit"]["x_smaller"] > 3 and runs["4bit"]["peak_vs_none"] is None
+    assert all(math.isfinite(r["last_loss"]) and r["median_ms"] > 0 for r in runs.values())

@@ -34,6 +34,7 @@ from actzip.codecs import counter_rng, fp8, lossy
 from actzip.core import dtypes
 from actzip.codecs.bitpack import pack_bits, unpack_bits
 from actzip.codecs.counter_rng import round_bits_like
+from actzip.codecs.step_noise import current_offset
 from actzip.codecs.lossy import DEFAULT_GROUP_SIZE, KERNEL_MAX_GROUP, LossyCodec, group_rows
 from actzip.core.checks import check_choice, check_group_size
 from actzip.core.dtypes import work_dtype
@@ -160,6 +161,8 @@ class QuantCodec(LossyCodec):
         self.check(x, name)
         x = x.detach()
         keys = self._next_keys()
+        # a captured CUDA graph's step offset (actzip.codecs.step_noise), where one is active
+        noise = current_offset(x.device) if self.rounding == "stochastic" else None
         what = f"quant(scale={self.scale!r})"
         if self.uses_triton(x.device, x.dtype, self.group_size):
             from actzip.kernels import quant as quant_kernels
@@ -167,13 +170,16 @@ class QuantCodec(LossyCodec):
             # A view with gaps made of whole groups' rows (attention's q, k, v) is read in place, not copied.
             flat, perm = memory_rows(x, self.group_size) or memory_order(x)
             buffers = quant_kernels.quant_encode(
-                flat, self.bits, self.group_size, self.scale == "absmax", self.rounding == "stochastic", keys
+                flat, self.bits, self.group_size, self.scale == "absmax", self.rounding == "stochastic", keys,
+                noise=noise,
             )
             if self.check_values:  # the kernels mark a non-finite group's parameters NaN
                 self._refuse_non_finite(~torch.isfinite(buffers["span" if "span" in buffers else "absmax"]),
                                         flat, name, what)  # fmt: skip
         else:
             flat, perm = memory_order(x)
+            if noise is not None:  # the first key moved by the offset on the device, modulo 2**32
+                keys = ((noise[0].to(torch.int64) + keys[0]) & 0xFFFFFFFF, keys[1])
             buffers = self._encode_torch(flat, keys, name, what)
         return self._payload(x, perm, buffers)
 

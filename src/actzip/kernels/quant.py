@@ -78,10 +78,10 @@ def _fields(w, BITS: tl.constexpr, N: tl.constexpr, OFF: tl.constexpr, zero):
 
 @triton.jit(do_not_specialize=["key0", "key1"])
 def quant_encode_kernel(
-    x_ptr, codes_ptr, p0_ptr, p1_ptr, n, n_rows, key0, key1, row_groups, row_stride,
+    x_ptr, codes_ptr, p0_ptr, p1_ptr, n, n_rows, key0, key1, row_groups, row_stride, noise_ptr,
     G: tl.constexpr, NS: tl.constexpr, BG: tl.constexpr, CP: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
     TOP: tl.constexpr, OFF: tl.constexpr, ABSMAX: tl.constexpr, STOCHASTIC: tl.constexpr, IN_BF16: tl.constexpr,
-    WIDE: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr,
+    WIDE: tl.constexpr, HW: tl.constexpr, ROWS: tl.constexpr, NOISE: tl.constexpr = False,
 ):  # fmt: skip
     """Codes and parameters of ``BG`` groups. Oracle: ``QuantCodec._encode_torch`` (``check=False``).
 
@@ -89,6 +89,8 @@ def quant_encode_kernel(
     ``Q``); ``OFF``: the codes' offset (``Q`` or 0). ``codes_ptr``: bytes (``BITS == 8``) or one word per chunk
     (``K * BITS`` bits). ``WIDE``: a tile may cross a multiple of 2**32 element pairs. ``ROWS``: ``x`` is rows of
     ``row_groups`` groups, ``row_stride`` elements apart (a view with gaps, read in place), else contiguous.
+    ``NOISE``: ``noise_ptr`` holds an int32 added to ``key0`` (``actzip.codecs.step_noise``: new noise on each
+    replay of a CUDA graph).
     """
     start, offs, words, chunk_ok = tile_elements(G, NS, BG, CP, K)
     if ROWS:
@@ -119,6 +121,9 @@ def quant_encode_kernel(
         # v + 256 (+ Q) lies in [256, 512): its bits count 2**-15 steps; adding 15 random bits carries into the
         # integer part with probability the fraction (rounded to 15 bits).
         t = (v + (256.0 + OFF)).to(tl.int32, bitcast=True)
+        if NOISE:  # the key moved on the device by the step's offset (wrapping modulo 2**32)
+            key0 = (key0.to(tl.uint32, bitcast=True) + tl.load(noise_ptr).to(tl.uint32, bitcast=True)).to(
+                tl.int32, bitcast=True)
         q = t + random_bits(start, offs, key0, key1, NS, BG, CP, K, WIDE) - 0x43800000
         FB = 15
     else:
@@ -217,7 +222,8 @@ def _reciprocal(top: int) -> float:
 
 def quant_encode(
     flat: torch.Tensor, bits: int, group_size: int, absmax: bool, stochastic: bool, keys: tuple[int, int] = (0, 0),
-    *, tile: int | None = None, warps: int | None = None, group_threads: int | None = None,
+    *, noise: torch.Tensor | None = None, tile: int | None = None, warps: int | None = None,
+    group_threads: int | None = None,
 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """The ``quant`` payload buffers of ``flat``: ``codes`` and ``lo``/``span`` or ``absmax``.
 
@@ -226,7 +232,9 @@ def quant_encode(
     without a copy.
 
     ``keys``: the two 32-bit keys of the random stream (``actzip.codecs.counter_rng.stream_keys``), used with
-    ``stochastic``. A group holding inf or NaN, or whose range overflows, gets zero codes and NaN parameters.
+    ``stochastic``; ``noise``: a one-element int32 tensor on ``flat``'s device added to the first key there (see
+    :mod:`actzip.codecs.step_noise`). A group holding inf or NaN, or whose range overflows, gets zero codes and
+    NaN parameters.
     ``tile``, ``warps``, ``group_threads``: the launch's shape (see :func:`geometry`; any gives the same bytes).
     No host synchronization.
     """
@@ -245,7 +253,7 @@ def quant_encode(
                                           row_stride > 0, tile, warps, group_threads)  # fmt: skip
         quant_encode_kernel[grid](
             x, _words(codes, word), p0, p1, n, n_groups, signed_key(keys[0]), signed_key(keys[1]), row_groups,
-            row_stride, **consts,
+            row_stride, p0 if noise is None else noise, **consts, NOISE=stochastic and noise is not None,
         )  # fmt: skip
     return {"codes": codes, "absmax": p0} if absmax else {"codes": codes, "lo": p0, "span": p1}
 

@@ -257,6 +257,9 @@ def add_parsers(bench) -> None:
     cb.add_argument("--compile", choices=["inductor", "inductor-cudagraphs", "aot_eager"],
                     help="run every strategy's loss under torch.compile with this backend (default: eager); "
                     "inductor-cudagraphs: inductor with mode=reduce-overhead (CUDA graphs)")
+    cb.add_argument("--graphs", action="store_true", default=None,
+                    help="capture each strategy's whole step as a CUDA graph and time its replays (CUDA; none, "
+                    "4bit, 2bit, checkpoint)")
     cb.add_argument("--fuse-compiled", action="store_true", dest="fuse_compiled", default=None,
                     help="with --compile: the quant codec written in the graphs' own operations, fused by the "
                     "compiler (CacheConfig.fuse_compiled)")

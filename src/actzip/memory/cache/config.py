@@ -88,10 +88,16 @@ class CacheConfig(Config):
     # with the kernels around them (no host work per saved tensor; longer compiles), instead of the codec's
     # custom op (actzip.memory.cache.compiled_quant).
     fuse_compiled: bool = False
+    # Safe to capture into a CUDA graph (torch.cuda.graph around whole training steps): each block moves a
+    # device-side offset of the stochastic rounding's keys, so every replay draws new noise
+    # (actzip.codecs.step_noise); every rule must store a payload of fixed size (no lossless sparse codec), and
+    # none may offload. Off by default: eager steps draw new noise anyway.
+    graph_safe: bool = False
 
     def validate(self) -> None:
-        if not isinstance(self.fuse_compiled, bool):
-            raise ConfigError(f"CacheConfig.fuse_compiled must be True or False, got {self.fuse_compiled!r}")
+        for name in ("fuse_compiled", "graph_safe"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"CacheConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.preset, str) or self.preset not in _PRESETS:
             raise ConfigError(f"unknown activation cache preset {self.preset!r}; presets: {', '.join(_PRESETS)}")
         if not _int_at_least(self.min_bytes, 0):

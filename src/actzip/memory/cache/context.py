@@ -39,6 +39,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from actzip import compat
 from actzip.codecs.base import Codec
+from actzip.codecs.quant import QuantCodec
+from actzip.codecs.step_noise import StepNoise
 from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.memory.cache.account import StepAccount
@@ -56,7 +58,7 @@ __all__ = ["ActivationCache", "CacheContext", "CachedActivation", "cache"]
 
 # Options that still mean something when the rules are given: the rest only shape a preset's rules.
 _UNDECIDED = object()  # not yet in a cache's decisions
-_OPTIONS_WITH_RULES = ("dedup", "track_roles", "fuse_compiled", "replay", "recheck_every")
+_OPTIONS_WITH_RULES = ("dedup", "track_roles", "fuse_compiled", "replay", "recheck_every", "graph_safe")
 
 
 class CachedActivation(StoredActivation):
@@ -140,6 +142,28 @@ class CacheContext:
         self.save_index: int | None = -1
         # what a compiled graph's decisions depend on: caches that agree here share hooks, and so graphs
         self.decisions: str = repr(self.config) if rules is None else f"rules at {id(self.rules):#x}"
+        # graph_safe: the offset each block moves, so a captured graph's replays draw new rounding noise
+        self.step_noise: StepNoise | None = None
+        if self.config.graph_safe:
+            self._check_graph_safe()
+            self.step_noise = StepNoise()
+
+    def _check_graph_safe(self) -> None:
+        """Refuse rules a captured CUDA graph cannot replay as they ran: a payload whose size depends on the
+        values (it synchronizes), an offload, a stochastic codec whose noise the step offset does not move."""
+        for r in self.rules:
+            codec = r.codec
+            why = None
+            if r.offload is not None:
+                why = "it offloads to CPU memory"
+            elif codec is not None and not getattr(codec, "fixed_size", False):
+                why = f"codec {codec.name!r} makes payloads whose size depends on the values (a synchronization)"
+            elif codec is not None and getattr(codec, "rounding", None) == "stochastic" \
+                    and not isinstance(codec, QuantCodec):
+                why = f"codec {codec.name!r} rounds stochastically with keys a graph would replay unchanged"
+            if why:
+                raise ConfigError(f"cache: graph_safe=True, but rule {r.name!r} cannot be replayed as a CUDA "
+                                  f"graph: {why}")
 
     @classmethod
     def count_only(cls) -> "CacheContext":
@@ -169,6 +193,9 @@ class CacheContext:
         if self.track_roles and not (self.role_plan.lifetime and self.role_plan.start()):
             self._tracker = RoleTracker()
             self._tracker.__enter__()
+        if self.step_noise is not None:  # a device op: a captured step replays it, and so draws new noise
+            self.step_noise.advance()
+            self.step_noise.__enter__()
         install_placement()  # compiled graphs encode and decode next to the uses (once per process)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(*hook_pair(self.decisions))
         self._hooks.__enter__()
@@ -178,6 +205,8 @@ class CacheContext:
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
         self._hooks = None
+        if self.step_noise is not None:
+            self.step_noise.__exit__(*exc)
         close_cache(self)
         if self._tracker is not None:
             self._tracker.__exit__(*exc)
