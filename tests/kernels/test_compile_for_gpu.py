@@ -120,10 +120,12 @@ def check_quant_kernels_compile():
         word = {8: "*u8", 16: "*i16", 32: "*i32", 64: "*i64"}[geo["K"] * bits] if bits < 8 else "*u8"
         top = (1 << bits) - 1
         enc = {"x_ptr": "*bf16", "codes_ptr": word, "p0_ptr": "*fp32", "p1_ptr": "*fp32", "n": "i64",
-               "n_rows": "i64", "key0": "i32", "key1": "i32", "row_groups": "i64", "row_stride": "i64"}
-        compile_for_hopper(qt.quant_encode_kernel, enc, dict(geo, BITS=bits, TOP=top, OFF=0, ABSMAX=False,
-                                                               STOCHASTIC=stochastic, IN_BF16=True, WIDE=False, HW=True,
-                                                               ROWS=rows))  # fmt: skip
+               "n_rows": "i64", "key0": "i32", "key1": "i32", "row_groups": "i64", "row_stride": "i64",
+               "noise_ptr": "*i32"}
+        for noise in (False, True) if stochastic else (False,):  # the step offset read on the device, or not
+            compile_for_hopper(qt.quant_encode_kernel, enc, dict(geo, BITS=bits, TOP=top, OFF=0, ABSMAX=False,
+                                                                   STOCHASTIC=stochastic, IN_BF16=True, WIDE=False,
+                                                                   HW=True, ROWS=rows, NOISE=noise))  # fmt: skip
         dec = {"codes_ptr": word if bits < 8 else "*i32", "p0_ptr": "*fp32", "p1_ptr": "*fp32", "out_ptr": "*bf16",
                "n": "i64", "n_rows": "i64", "zero": "i32"}
         compile_for_hopper(qt.quant_decode_kernel, dec, dict(geo, BITS=bits, TOP=top, RECIP=1.0 / top, ABSMAX=False,
