@@ -140,13 +140,13 @@ for stage in $stages; do
       [ "$stage" = cache-norms-wide ] && size=(--gpt-preset d4096x4) && name=cache-d4096x4-norms
       az bench cache "${size[@]}" --models gpt-gelu,llama-swiglu --loss-chunk 1024 \
         --strategies none,4bit,2bit,4bit+norms,2bit+norms,sketch-d8,sketch-d8+norms --rounds 8 --json "$out/$name.json" ;;
-    cache-loss-124m)  # the 124M GELU GPT's loss under 4bit and 2bit against bf16 (lossless: nothing compressed),
-      # 2000 steps of 8 windows of 512 tokens, every forward under bf16 autocast; seeds 0-2 side by side (losses
-      # only: their step times are not each alone). Longer than one 10-minute call on an H100 (lossless and 4bit
-      # alone had not finished in five): start it in the background (setsid) and collect it with a later call
+    cache-loss-124m)  # the 124M GELU GPT's loss under 4bit and 2bit against bf16 (none: no cache), 2000 steps of
+      # 8 windows of 512 tokens, every forward under bf16 autocast, every step after the third a CUDA graph's
+      # replay (eager, the host's work per save made each step too slow: lossless and 4bit of three seeds side by
+      # side had not finished in five minutes); seeds 0-2 side by side (losses only)
       mkdir -p "$out/presets-124m"
       for seed in 0 1 2; do
-        az bench presets --model gpt2-124m --activation gelu --presets lossless,4bit,2bit --steps 2000 \
+        az bench presets --model gpt2-124m --activation gelu --presets none,4bit,2bit --graphs --steps 2000 \
           --batch-size 8 --block-size 512 --lr 3e-4 --dtype bfloat16 --seed $seed --device cuda \
           --json "$out/presets-124m/gelu-seed$seed.json" > "$out/presets-124m/gelu-seed$seed.log" 2>&1 &
       done

@@ -33,15 +33,16 @@ def presets_seeds(root: Path, folder: str = FOLDER, models: dict[str, str] = MOD
     version = (f"code version {next(iter(versions))[:10]}" if len(versions) == 1 and None not in versions
                else f"{len(versions)} code versions")
     first = next(iter(by_model.values()))[0]
-    c = first["config"]
+    c, ref = first["config"], first.get("reference", "lossless")  # the run every gap is against
     seeds = min(counts.values())
     shape = ""
     if c.get("dtype", "float32") != "float32":  # the runs a user's training resembles: say their shape
         shape = (f"{c['model']} size, {first['tokens_per_step']:,} tokens a step, forwards under {c['dtype']} "
-                 f"autocast, so `lossless` is the {c['dtype']} step; ")
+                 f"autocast, so `{ref}` is the {c['dtype']} step"
+                 + (", every step after the third a CUDA graph's replay; " if c.get("graphs") else "; "))
     lines = [
         f"Over {seeds} seeds (weights and batches; {shape}{c['steps']} steps each, every run of {version}), the "
-        "gap to `lossless` in the final training loss, and in validation loss after it, as mean (lowest to "
+        f"gap to `{ref}` in the final training loss, and in validation loss after it, as mean (lowest to "
         "highest):",
         "",
         f"| preset | {' | '.join(models.values())} |",

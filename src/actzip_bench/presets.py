@@ -8,7 +8,13 @@ validation loss at the end, the bytes the cache kept per token, and the step tim
 
 ``sketch-d8`` is not a cache preset but takes part the same way: every ``nn.Linear`` but the output head
 becomes a :class:`~actzip.memory.linear.SketchedLinear` of rank ``in_features / 8`` for that run (a cache that
-compresses nothing counts what autograd keeps).
+compresses nothing counts what autograd keeps). ``none`` trains with no cache at all (the reference where
+``lossless`` cannot run: under ``graphs``).
+
+No step waits for the device: the losses stay on it until the run ends, and the step time is the run's wall time
+over its steps after the first five. With ``graphs`` each preset's step is captured as a CUDA graph after three
+eager steps (the cache ``graph_safe``: new rounding noise on every replay) and the rest of its steps are replays
+on static batch tensors: the same training without the host's work per saved tensor.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from actzip.memory.cache.rules import count_only_rules
 from actzip_bench.models import GPT, GPTConfig
 
 SKETCH = "sketch-d8"  # the unbiased rank-d/8 sketch of every linear input but the head's
+NONE = "none"  # no cache: every activation kept by autograd as it is
+GRAPHED = (NONE, "4bit", "2bit")  # what graphs can capture (fixed-size payloads, noise moved on the device)
+WARMUP = 3  # eager steps before a capture
 
 
 @dataclass
@@ -47,12 +56,19 @@ class PresetBenchConfig:
     # as a user trains at 124M; the cache then sees bfloat16 activations and lossless keeps them as they are
     dtype: str = "float32"
     block_size: int | None = None  # sequence length (None: the GPT preset's)
+    graphs: bool = False  # CUDA: each preset's step captured as a CUDA graph and replayed (presets in GRAPHED)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"bench presets: dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.block_size is not None and not (isinstance(self.block_size, int) and self.block_size > 0):
             raise ConfigError(f"bench presets: block_size must be a positive int or None, got {self.block_size!r}")
+        if self.graphs and set(self.presets) - set(GRAPHED):
+            raise ConfigError(f"bench presets: graphs captures {list(GRAPHED)} only (none is the reference there: "
+                              f"lossless's sparse codec cannot be captured), got {list(self.presets)}")
+        if self.graphs and self.steps <= WARMUP:
+            raise ConfigError(f"bench presets: graphs needs more than {WARMUP} steps (the eager warm-up), got "
+                              f"{self.steps}")
 
 
 def _autocast(cfg: PresetBenchConfig, device: torch.device):
@@ -90,41 +106,96 @@ def _build(cfg: PresetBenchConfig, device: torch.device):
     return base, (lambda x, y: base(x, y)[1]), (lambda: base.configure_optimizer(lr=cfg.lr)), gcfg.block_size
 
 
+def _batches(cfg: PresetBenchConfig, corpus: Corpus, block: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every step's batch, drawn as the steps would draw them and moved to ``device`` at once (no step then
+    waits for a copy from the host)."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    xs, ys = zip(*(corpus.get_batch("train", cfg.batch_size, block, generator=g) for _ in range(cfg.steps)))
+    return torch.stack(xs).to(device), torch.stack(ys).to(device)
+
+
+def _train(cfg: PresetBenchConfig, cache, loss_fn, opt, xs, ys, device, progress=None, name: str = ""):
+    """One preset's training: the losses (on the device), the cache's bytes kept and seen at the logged steps,
+    and the wall time per step after the first five."""
+    losses = torch.empty(cfg.steps, dtype=torch.float32, device=device)
+    kept, before = [], []
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+
+    def step(x, y) -> torch.Tensor:
+        with RoleTracker(), cache, _autocast(cfg, device):
+            loss = loss_fn(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def done(i: int, loss: torch.Tensor) -> None:
+        losses[i].copy_(loss)
+        if i % cfg.log_every == 0 or i == cfg.steps - 1:
+            kept.append(cache.last.bytes_after)  # a replay's account is its capture's
+            before.append(cache.last.bytes_before)
+        if not cfg.graphs:
+            cache.history.clear()
+        if progress is not None:
+            progress(name, i)
+
+    t0 = None
+    first = WARMUP if cfg.graphs else cfg.steps
+    side = torch.cuda.Stream(device) if cfg.graphs else None
+    static_x, static_y = xs[0].clone(), ys[0].clone()
+    for i in range(first):  # eager steps (under graphs: torch's warm-up on a side stream, then the capture)
+        if i == 5:
+            sync(device)
+            t0 = time.perf_counter()
+        if side is None:
+            done(i, step(xs[i], ys[i]))
+            continue
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            static_x.copy_(xs[i])
+            static_y.copy_(ys[i])
+            done(i, step(static_x, static_y))
+        torch.cuda.current_stream(device).wait_stream(side)
+    if cfg.graphs:
+        opt.zero_grad(set_to_none=True)  # gradients made in the graph's memory
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step(static_x, static_y)
+        for i in range(first, cfg.steps):
+            if i == 5:
+                sync(device)
+                t0 = time.perf_counter()
+            static_x.copy_(xs[i])
+            static_y.copy_(ys[i])
+            graph.replay()
+            done(i, out)
+    sync(device)
+    per_step = (time.perf_counter() - t0) / (cfg.steps - 5) if t0 is not None else None
+    return losses.tolist(), kept, before, per_step
+
+
 def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> dict:
+    from actzip.memory.cache import CacheConfig
+    from actzip_bench.cache_models import adamw
     from actzip_bench.cache_strategies import sketch_modules, use_modules
     from actzip_bench.harness import machine_record
 
+    if cfg.graphs and device.type != "cuda":
+        raise ConfigError(f"bench presets: graphs captures CUDA graphs; the device is {device}")
     corpus = Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
     base, loss_fn, make_opt, block = _build(cfg, device)
     init = {k: v.clone() for k, v in base.state_dict().items()}
     tokens = cfg.batch_size * block
+    xs, ys = _batches(cfg, corpus, block, device)
     runs = []
     for name in cfg.presets:
         base.load_state_dict(init)
         plain = sketch_modules(base, 1 / 8)[1] if name == SKETCH else None
-        opt = make_opt()
-        rules = count_only_rules() if name == SKETCH else preset_rules(name, min_bytes=cfg.min_bytes)
-        cache = ActivationCache(rules=rules)  # built once: fresh noise each step
-        g = torch.Generator().manual_seed(cfg.seed)
-        losses, times, kept, before = [], [], [], []
-        for step in range(cfg.steps):
-            x, y = corpus.get_batch("train", cfg.batch_size, block, generator=g, device=device)
-            t0 = time.perf_counter()
-            with RoleTracker(), cache, _autocast(cfg, device):
-                loss = loss_fn(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-            losses.append(float(loss.detach()))
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                kept.append(cache.last.bytes_after)
-                before.append(cache.last.bytes_before)
-            cache.history.clear()
-            if progress is not None:
-                progress(name, step)
+        opt = adamw(base, cfg.lr, capturable=True) if cfg.graphs else make_opt()
+        rules = count_only_rules() if name in (SKETCH, NONE) else preset_rules(name, min_bytes=cfg.min_bytes)
+        # built once: fresh noise each step (under graphs: each replay, through the device-side step offset)
+        cache = ActivationCache(CacheConfig(graph_safe=cfg.graphs), rules=rules)
+        losses, kept, before, per_step = _train(cfg, cache, loss_fn, opt, xs, ys, device, progress, name)
         if plain is not None:
             use_modules(base, plain)
         tail = losses[-50:]
@@ -134,14 +205,15 @@ def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> 
             "val_loss": _val_loss(base, loss_fn, block, corpus, cfg, device),
             "saved_bytes_per_token": statistics.fmean(kept) / tokens,
             "dense_bytes_per_token": statistics.fmean(before) / tokens,
-            "step_time_s": statistics.median(times[5:]) if len(times) > 5 else statistics.median(times),
+            "step_time_s": per_step,
             "train_loss": losses[:: cfg.log_every],
         })
     ref = next((r for r in runs if r["preset"] == "lossless"), runs[0])
     for r in runs:
         r["val_loss_gap"] = r["val_loss"] / ref["val_loss"] - 1
         r["train_loss_gap"] = r["final_train_loss"] / ref["final_train_loss"] - 1
-    return {"config": asdict(cfg), "tokens_per_step": tokens, "runs": runs, "machine": machine_record(device)}
+    return {"config": asdict(cfg), "tokens_per_step": tokens, "reference": ref["preset"], "runs": runs,
+            "machine": machine_record(device)}
 
 
 def plot(record: dict, path) -> None:

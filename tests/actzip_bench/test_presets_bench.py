@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from actzip_bench.cli import main
 
 
@@ -84,3 +86,43 @@ def test_bfloat16_forwards_keep_bfloat16_activations_and_the_sequence_length_is_
         PresetBenchConfig(dtype="float16")
     with pytest.raises(ConfigError, match="block_size"):
         PresetBenchConfig(block_size=0)
+
+
+def test_none_trains_without_a_cache_and_graphs_take_only_what_a_graph_can_replay(tmp_path, monkeypatch):
+    import pytest
+    import torch
+
+    from actzip.errors import ConfigError
+    from actzip_bench.presets import PresetBenchConfig, run_presets
+
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    rec = run_presets(PresetBenchConfig(presets=("none", "4bit"), steps=7, batch_size=2, corpus_bytes=200_000,
+                                        log_every=1), torch.device("cpu"))
+    none, four = rec["runs"]
+    assert rec["reference"] == "none" and none["train_loss_gap"] == 0.0
+    assert none["saved_bytes_per_token"] == none["dense_bytes_per_token"]  # counted, nothing compressed
+    assert four["saved_bytes_per_token"] < 0.75 * none["saved_bytes_per_token"]
+    assert none["step_time_s"] > 0 and len(none["train_loss"]) == 7  # 7 steps: the last two timed
+    with pytest.raises(ConfigError, match="graphs captures"):
+        PresetBenchConfig(presets=("lossless", "4bit"), graphs=True)
+    with pytest.raises(ConfigError, match="more than 3 steps"):
+        PresetBenchConfig(presets=("none",), steps=3, graphs=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="graphs captures CUDA graphs"):
+            run_presets(PresetBenchConfig(presets=("none",), steps=5, graphs=True), torch.device("cpu"))
+
+
+@pytest.mark.cuda
+def test_graphed_presets_train_like_eager_ones():
+    """The same weights and batches, eager and graphed: none's losses match to float noise (the same kernels),
+    4bit's stay close (its noise differs), and the graphed run's curves fall."""
+    import torch
+
+    from actzip_bench.presets import PresetBenchConfig, run_presets
+
+    base = dict(presets=("none", "4bit"), steps=60, batch_size=4, corpus_bytes=300_000, log_every=1)
+    eager = run_presets(PresetBenchConfig(**base), torch.device("cuda"))
+    graphed = run_presets(PresetBenchConfig(**base, graphs=True), torch.device("cuda"))
+    for a, b in zip(eager["runs"], graphed["runs"]):
+        assert abs(a["final_train_loss"] - b["final_train_loss"]) < 0.05 * a["final_train_loss"]
+        assert b["train_loss"][-1] < b["train_loss"][0]

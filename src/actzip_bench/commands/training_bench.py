@@ -25,13 +25,15 @@ def _bench_presets(args: argparse.Namespace) -> int:
     record["command"] = command_line(args)
     family = "Llama (HF)" if cfg.activation == "swiglu" else "GPT"
     t = Table(title=f"{cfg.model}-size {cfg.activation} {family}, {cfg.steps} steps per preset, {device}")
-    for col in ("preset", "saved B/token", "vs lossless", "final train loss", "val loss", "val gap", "step ms"):
+    for col in ("preset", "saved B/token", f"vs {record['reference']}", "final train loss", "val loss", "val gap",
+                "step ms"):
         t.add_column(col, justify="left" if col == "preset" else "right")
     ref = record["runs"][0]
     for r in record["runs"]:
         t.add_row(r["preset"], f"{r['saved_bytes_per_token']:,.0f}",
                   f"{r['saved_bytes_per_token'] / ref['saved_bytes_per_token'] - 1:+.1%}", f"{r['final_train_loss']:.4f}",
-                  f"{r['val_loss']:.4f}", f"{r['val_loss_gap']:+.2%}", f"{r['step_time_s'] * 1e3:.1f}")
+                  f"{r['val_loss']:.4f}", f"{r['val_loss_gap']:+.2%}",
+                  "-" if r["step_time_s"] is None else f"{r['step_time_s'] * 1e3:.1f}")
     console.print(t)
     write_json(record, args.json, console)
     if args.json:
@@ -203,7 +205,7 @@ def add_parsers(bench) -> None:
     pb.add_argument("--activation", choices=["relu", "relu2", "gelu", "swiglu"],
                     help="the reference GPT's MLP activation, or swiglu: a HuggingFace Llama of the same size")
     pb.add_argument("--presets", help="comma-separated (default lossless,conservative,balanced,aggressive; "
-                    "also 4bit, 2bit and sketch-d8: rank-d/8 sketches of the linear inputs)")
+                    "also 4bit, 2bit, sketch-d8: rank-d/8 sketches of the linear inputs, and none: no cache)")
     pb.add_argument("--steps", type=int)
     pb.add_argument("--batch-size", type=int, dest="batch_size")
     pb.add_argument("--seed", type=int, help="initial weights and training batches (default 0)")
@@ -211,6 +213,9 @@ def add_parsers(bench) -> None:
     pb.add_argument("--block-size", type=int, dest="block_size", help="sequence length (default: the GPT size's)")
     pb.add_argument("--dtype", choices=["float32", "bfloat16"],
                     help="float32 (default) or bfloat16: every forward under autocast, the weights in float32")
+    pb.add_argument("--graphs", action="store_true", default=None,
+                    help="CUDA: each preset's step captured as a CUDA graph after 3 eager steps and replayed "
+                    "(presets none, 4bit, 2bit; none is then the reference)")
     pb.add_argument("--device")
     pb.add_argument("--json", metavar="PATH", help="also writes PATH with .png: the loss curves")
     pb.set_defaults(func=_bench_presets)
