@@ -421,8 +421,9 @@ def cache(preset_or_config: str | CacheConfig | None = None, *, rules: Sequence[
     ``"aggressive"``, ``"4bit"``, ``"2bit"``: :mod:`actzip.memory.cache.presets`) or a
     :class:`~actzip.memory.cache.config.CacheConfig`; ``options`` are :class:`CacheConfig` fields (``min_bytes``,
     ``min_zero_fraction``, ``group_size``, ``seed``, ``treatments``, ``offload``, ``codec``, ``allow_lossy``,
-    ``dedup``, ``track_roles``, ...) set on top of it. ``rules=[...]``: your own rules instead of a preset's (only
-    ``dedup`` and ``track_roles`` apply then). Roles are tracked in the block when the rules ask for them. A
+    ``dedup``, ``track_roles``, ``graph_safe`` for steps captured as CUDA graphs, ...) set on top of it.
+    ``rules=[...]``: your own rules instead of a preset's (only ``dedup``, ``track_roles``, ``replay``,
+    ``recheck_every``, ``fuse_compiled`` and ``graph_safe`` apply then). Roles are tracked in the block when the rules ask for them. A
     bad preset, option or rule fails here, before any block is entered.
     """
     if isinstance(preset_or_config, CacheConfig):
