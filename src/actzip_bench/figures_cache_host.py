@@ -124,8 +124,9 @@ def cache_profile(root: Path) -> str:
             extra = sorted(((k, v["ms"] - base.get(k, {"ms": 0.0})["ms"]) for k, v in r["kernels"].items()),
                            key=lambda kv: -kv[1])
             top = "; ".join(f"{_short(k)} +{ms:.2f}" for k, ms in extra[:3] if ms > 0.05) or "-"
-            lines.append(f"| {name} | {r['strategy']} | {r['step_ms']:.1f} | "
-                         f"{r['gpu_busy_ms']:.1f} | {r['gpu_idle_ms']:.1f} | {top if r['strategy'] != 'none' else '-'} |")
+            top = top if r["strategy"] != "none" else "-"
+            lines.append(f"| {name} | {r['strategy']} | {r['step_ms']:.1f} | {r['gpu_busy_ms']:.1f} | "
+                         f"{r['gpu_idle_ms']:.1f} | {top} |")
     c = load(root, rels[0])
     return "\n".join([
         f"`scripts/cache_profile.py`, {c['config']['batch_size']} × {c['config']['seq_len']} tokens, "

@@ -423,8 +423,8 @@ def cache(preset_or_config: str | CacheConfig | None = None, *, rules: Sequence[
     ``min_zero_fraction``, ``group_size``, ``seed``, ``treatments``, ``offload``, ``codec``, ``allow_lossy``,
     ``dedup``, ``track_roles``, ``graph_safe`` for steps captured as CUDA graphs, ...) set on top of it.
     ``rules=[...]``: your own rules instead of a preset's (only ``dedup``, ``track_roles``, ``replay``,
-    ``recheck_every``, ``fuse_compiled`` and ``graph_safe`` apply then). Roles are tracked in the block when the rules ask for them. A
-    bad preset, option or rule fails here, before any block is entered.
+    ``recheck_every``, ``fuse_compiled`` and ``graph_safe`` apply then). Roles are tracked in the block when the
+    rules ask for them. A bad preset, option or rule fails here, before any block is entered.
     """
     if isinstance(preset_or_config, CacheConfig):
         config = _with_options(preset_or_config, options)
