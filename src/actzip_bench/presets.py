@@ -72,8 +72,10 @@ class PresetBenchConfig:
 
 
 def _autocast(cfg: PresetBenchConfig, device: torch.device):
-    """The forward's precision: autocast to bfloat16, or nothing for float32."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
+    """The forward's precision: autocast to bfloat16, or nothing for float32 (under graphs without autocast's
+    cache of cast weights, as torch asks of captured regions)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16",
+                          cache_enabled=not cfg.graphs)
 
 
 def _val_loss(model, loss_fn, block: int, corpus: Corpus, cfg: PresetBenchConfig, device) -> float:
