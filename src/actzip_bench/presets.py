@@ -27,7 +27,7 @@ import torch
 
 from actzip.errors import ConfigError
 from actzip_bench.data import Corpus
-from actzip.memory.cache import CacheContext as ActivationCache, RoleTracker, preset_rules
+from actzip.memory.cache import CacheContext as ActivationCache, preset_rules
 from actzip.memory.cache.rules import count_only_rules
 from actzip_bench.models import GPT, GPTConfig
 
@@ -124,7 +124,7 @@ def _train(cfg: PresetBenchConfig, cache, loss_fn, opt, xs, ys, device, progress
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
 
     def step(x, y) -> torch.Tensor:
-        with RoleTracker(), cache, _autocast(cfg, device):
+        with cache, _autocast(cfg, device):  # the cache tracks the roles its rules ask for (replayed by position)
             loss = loss_fn(x, y)
         loss.backward()
         opt.step()
