@@ -168,10 +168,12 @@ def compiled_model(model: BenchModel, backend: str) -> BenchModel:
     return dataclasses.replace(model, loss=torch.compile(model.loss, backend=backend))
 
 
-def captured_step(s: Strategy, opt, x, y, last_loss: dict):
+def captured_step(s: Strategy, opt, x, y, last_loss: dict, pool=None):
     """Strategy ``s``'s training step captured as a CUDA graph, after torch's warm-up on a side stream (three
     eager steps: kernels compiled, roles tracked, the step noise's offsets made); ``last_loss[s.name]`` is the
-    graph's loss, which each replay rewrites."""
+    graph's loss, which each replay rewrites. ``pool``: a memory pool the strategies' graphs share (they never
+    run at once, and what a step leaves behind, its loss, stays referenced), so that the memory they hold is
+    the largest step's, not every step's."""
     if x.device.type != "cuda":
         raise ConfigError(f"cache bench: graphs capture CUDA graphs; the device is {x.device}")
     with s, s.prepared():
@@ -183,7 +185,7 @@ def captured_step(s: Strategy, opt, x, y, last_loss: dict):
         torch.cuda.current_stream(x.device).wait_stream(side)
         opt.zero_grad(set_to_none=True)  # the gradients are then made in the graph's memory
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=pool):
             last_loss[s.name] = s.train_step(opt, x, y)
     return graph
 
@@ -213,7 +215,8 @@ def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, pr
     variants = {n: (lambda s=s: step(s)) for n, s in strategies.items()}
     around = {n: s.prepared for n, s in strategies.items()}
     if cfg.graphs:  # each strategy's step captured once; the timed steps replay it
-        graphs = {n: captured_step(s, opt, x, y, last_loss) for n, s in strategies.items()}
+        pool = torch.cuda.graph_pool_handle()
+        graphs = {n: captured_step(s, opt, x, y, last_loss, pool) for n, s in strategies.items()}
         variants, around = {n: g.replay for n, g in graphs.items()}, {}
 
     # The harness collects garbage before every step; with transformers and torch's compiler stack imported a
