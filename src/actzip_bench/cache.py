@@ -215,7 +215,7 @@ def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, pr
     variants = {n: (lambda s=s: step(s)) for n, s in strategies.items()}
     around = {n: s.prepared for n, s in strategies.items()}
     if cfg.graphs:  # each strategy's step captured once; the timed steps replay it
-        pool = torch.cuda.graph_pool_handle()
+        pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # (captured_step refuses a CPU)
         graphs = {n: captured_step(s, opt, x, y, last_loss, pool) for n, s in strategies.items()}
         variants, around = {n: g.replay for n, g in graphs.items()}, {}
 
