@@ -27,6 +27,9 @@ class Codec(ABC):
     # Payload sizes follow from the tensor's shape and dtype alone (not its values), and payload_layout says
     # them: such a codec can run inside a compiled graph (actzip.memory.cache.compiled_ops).
     fixed_size: ClassVar[bool] = False
+    # Its stochastic encodes add the active actzip.codecs.step_noise offset to their keys, so a CUDA graph that
+    # captured them draws new noise on every replay.
+    follows_step_noise: ClassVar[bool] = False
 
     def check(self, x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
         """Raise a clear actzip error unless this codec can encode ``x``."""

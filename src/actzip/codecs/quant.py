@@ -105,6 +105,8 @@ class QuantCodec(LossyCodec):
     (absmax) and every element of a constant group decode exactly.
     """
 
+    follows_step_noise = True  # encode reads actzip.codecs.step_noise.current_offset
+
     def __init__(
         self,
         *,

@@ -58,6 +58,18 @@ def test_rules_a_graph_cannot_replay_are_refused_by_name(preset, rule):
         actzip.cache(preset, graph_safe=True)
 
 
+def test_a_stochastic_codec_that_does_not_follow_the_step_offset_is_refused():
+    from actzip.codecs.fp8 import FP8Codec
+    from actzip.memory.cache import CacheConfig, CacheContext
+    from actzip.memory.cache.rules import Rule
+
+    fp8 = Rule("fp8 everything", lambda t: True, FP8Codec(rounding="stochastic", check=False))
+    with pytest.raises(ConfigError, match="rule 'fp8 everything'.*rounds stochastically"):
+        CacheContext(CacheConfig(graph_safe=True), rules=[fp8])
+    nearest = Rule("fp8 nearest", lambda t: True, FP8Codec(rounding="nearest", check=False))
+    assert CacheContext(CacheConfig(graph_safe=True), rules=[nearest]).step_noise is not None
+
+
 def test_offload_is_refused_and_the_option_must_be_a_bool():
     with pytest.raises(ConfigError, match="offloads to CPU memory"):
         actzip.cache("4bit", offload=True, graph_safe=True)

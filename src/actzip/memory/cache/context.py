@@ -39,7 +39,6 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from actzip import compat
 from actzip.codecs.base import Codec
-from actzip.codecs.quant import QuantCodec
 from actzip.codecs.step_noise import StepNoise
 from actzip.core.payload import Payload
 from actzip.errors import ConfigError
@@ -159,7 +158,7 @@ class CacheContext:
             elif codec is not None and not getattr(codec, "fixed_size", False):
                 why = f"codec {codec.name!r} makes payloads whose size depends on the values (a synchronization)"
             elif codec is not None and getattr(codec, "rounding", None) == "stochastic" \
-                    and not isinstance(codec, QuantCodec):
+                    and not codec.follows_step_noise:
                 why = f"codec {codec.name!r} rounds stochastically with keys a graph would replay unchanged"
             if why:
                 raise ConfigError(f"cache: graph_safe=True, but rule {r.name!r} cannot be replayed as a CUDA "
