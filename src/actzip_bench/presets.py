@@ -27,13 +27,12 @@ import torch
 
 from actzip.errors import ConfigError
 from actzip_bench.data import Corpus
-from actzip.memory.cache import CacheContext as ActivationCache, preset_rules
+from actzip.memory.cache import CacheConfig, CacheContext as ActivationCache, preset_rules
 from actzip.memory.cache.rules import count_only_rules
 from actzip_bench.models import GPT, GPTConfig
 
 SKETCH = "sketch-d8"  # the unbiased rank-d/8 sketch of every linear input but the head's
 NONE = "none"  # no cache: every activation kept by autograd as it is
-GRAPHED = (NONE, "4bit", "2bit")  # what graphs can capture (fixed-size payloads, noise moved on the device)
 WARMUP = 3  # eager steps before a capture
 
 
@@ -56,19 +55,30 @@ class PresetBenchConfig:
     # as a user trains at 124M; the cache then sees bfloat16 activations and lossless keeps them as they are
     dtype: str = "float32"
     block_size: int | None = None  # sequence length (None: the GPT preset's)
-    graphs: bool = False  # CUDA: each preset's step captured as a CUDA graph and replayed (presets in GRAPHED)
+    # CUDA: each preset's step captured as a CUDA graph and replayed; the caches refuse rules a graph cannot
+    # replay (lossless's sparse codec: none is the reference there), and the sketch draws its signs on the host
+    graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"bench presets: dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.block_size is not None and not (isinstance(self.block_size, int) and self.block_size > 0):
             raise ConfigError(f"bench presets: block_size must be a positive int or None, got {self.block_size!r}")
-        if self.graphs and set(self.presets) - set(GRAPHED):
-            raise ConfigError(f"bench presets: graphs captures {list(GRAPHED)} only (none is the reference there: "
-                              f"lossless's sparse codec cannot be captured), got {list(self.presets)}")
+        if self.graphs and SKETCH in self.presets:
+            raise ConfigError(f"bench presets: graphs cannot replay {SKETCH} (its signs are drawn on the host)")
+        if self.graphs:  # each preset's cache checks its own rules now, before any training
+            for name in self.presets:
+                _cache(name, self)
         if self.graphs and self.steps <= WARMUP:
             raise ConfigError(f"bench presets: graphs needs more than {WARMUP} steps (the eager warm-up), got "
                               f"{self.steps}")
+
+
+def _cache(name: str, cfg: PresetBenchConfig) -> ActivationCache:
+    """The cache of preset ``name``, built once for its run: fresh noise each step (under graphs each replay,
+    through the device-side step offset); count-only for ``none`` and the sketch."""
+    rules = count_only_rules() if name in (SKETCH, NONE) else preset_rules(name, min_bytes=cfg.min_bytes)
+    return ActivationCache(CacheConfig(graph_safe=cfg.graphs), rules=rules)
 
 
 def _autocast(cfg: PresetBenchConfig, device: torch.device):
@@ -144,7 +154,7 @@ def _train(cfg: PresetBenchConfig, cache, loss_fn, opt, xs, ys, device, progress
     t0 = None
     first = WARMUP if cfg.graphs else cfg.steps
     side = torch.cuda.Stream(device) if cfg.graphs else None
-    static_x, static_y = xs[0].clone(), ys[0].clone()
+    static_x, static_y = (xs[0].clone(), ys[0].clone()) if cfg.graphs else (None, None)  # a graph's inputs
     for i in range(first):  # eager steps (under graphs: torch's warm-up on a side stream, then the capture)
         if i == 5:
             sync(device)
@@ -177,7 +187,6 @@ def _train(cfg: PresetBenchConfig, cache, loss_fn, opt, xs, ys, device, progress
 
 
 def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> dict:
-    from actzip.memory.cache import CacheConfig
     from actzip_bench.cache_models import adamw
     from actzip_bench.cache_strategies import sketch_modules, use_modules
     from actzip_bench.harness import machine_record
@@ -194,9 +203,7 @@ def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> 
         base.load_state_dict(init)
         plain = sketch_modules(base, 1 / 8)[1] if name == SKETCH else None
         opt = adamw(base, cfg.lr, capturable=True) if cfg.graphs else make_opt()
-        rules = count_only_rules() if name in (SKETCH, NONE) else preset_rules(name, min_bytes=cfg.min_bytes)
-        # built once: fresh noise each step (under graphs: each replay, through the device-side step offset)
-        cache = ActivationCache(CacheConfig(graph_safe=cfg.graphs), rules=rules)
+        cache = _cache(name, cfg)
         losses, kept, before, per_step = _train(cfg, cache, loss_fn, opt, xs, ys, device, progress, name)
         if plain is not None:
             use_modules(base, plain)

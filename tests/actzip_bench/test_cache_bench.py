@@ -219,14 +219,21 @@ def test_graphs_take_the_strategies_a_graph_can_replay_and_need_a_gpu():
     from actzip_bench.cache_config import QUICK
     from actzip_bench.data import Corpus
 
-    for bad in ({"strategies": ("none", "sketch-d8")}, {"strategies": ("none", "4bit+norms")},
-                {"compile": "inductor"}):
-        with pytest.raises(ConfigError, match="graphs runs eager steps"):
+    from actzip_bench.cache_models import build_model
+    from actzip_bench.cache_strategies import Strategy
+
+    for bad, why in (({"strategies": ("none", "sketch-d8")}, "sketch-d8: the sketch draws its signs on the host"),
+                     ({"strategies": ("none", "4bit+norms")}, "4bit\\+norms: its norms are swapped in"),
+                     ({"compile": "inductor"}, "compile='inductor'")):
+        with pytest.raises(ConfigError, match=f"graphs runs eager steps.*{why}"):
             CacheBenchConfig(graphs=True, **bad)
+    cfg = CacheBenchConfig(**{**QUICK, "models": ("gpt-gelu",), "strategies": ("none", "4bit", "sparse"),
+                              "graphs": True})
+    model = build_model("gpt-gelu", cfg, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="graph_safe=True, but rule 'sparse'"):  # the cache's own refusal
+        Strategy("sparse", cfg, model, None, None)
     cfg = CacheBenchConfig(**{**QUICK, "models": ("gpt-gelu",), "strategies": ("none", "4bit"), "graphs": True})
-    if torch.cuda.is_available():
-        return  # the GPU test below runs it
-    with pytest.raises(ConfigError, match="graphs capture CUDA graphs"):
+    with pytest.raises(ConfigError, match="graphs capture CUDA graphs"):  # a CPU device, whatever the machine has
         run_model("gpt-gelu", cfg, torch.device("cpu"), Corpus.from_stdlib(max_bytes=cfg.corpus_bytes))
 
 
