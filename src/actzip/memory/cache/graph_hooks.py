@@ -150,18 +150,35 @@ def graph_unpack(packed):
     return torch.ops.actzip.decode_saved(list(buffers), key, list(shape), list(stride), dtype)
 
 
+_callback_of_thread = None  # get_eval_frame_callback, looked up once (an import per save costs microseconds)
+
+
+def _dynamo_watching() -> bool:
+    """Whether dynamo would intercept a Python frame entered now on this thread (a compiled region is running)."""
+    global _callback_of_thread
+    if _callback_of_thread is None:
+        try:
+            from torch._C._dynamo.eval_frame import get_eval_frame_callback as _callback_of_thread
+        except ImportError:  # pragma: no cover - depends on the PyTorch version: assume it would
+            _callback_of_thread = lambda: True  # noqa: E731
+    callback = _callback_of_thread()
+    return callback is not None and callback is not False
+
+
 def not_traced(fn):
     """``fn``, which dynamo must not trace: saved-tensor hooks run from autograd's C++ code, also between a
     compiled region's graph breaks, where dynamo would try to compile them. ``torch.compiler.disable`` is applied
-    on the first call made once dynamo is loaded (loading it at import would load Triton with it)."""
+    on the first call made while dynamo watches frames (loading dynamo at import would load Triton with it); in
+    plain eager code, where nothing watches, ``fn`` is called as it is (the wrapper's frame switching is a few
+    microseconds a save)."""
     disabled = None
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         nonlocal disabled
+        if "torch._dynamo" not in sys.modules or not _dynamo_watching():
+            return fn(*args, **kwargs)
         if disabled is None:
-            if "torch._dynamo" not in sys.modules:
-                return fn(*args, **kwargs)
             disabled = torch.compiler.disable(fn)
         return disabled(*args, **kwargs)
 
