@@ -42,6 +42,7 @@ class PresetBenchConfig:
     # GELU exercises the nonlinear-input rules; relu2 the sparse ones; swiglu: an HF LlamaForCausalLM of the GPT
     # preset's width, depth and sequence length, byte vocabulary, built from a local config
     activation: str = "gelu"
+    # preset names, each optionally with roles' treatments replaced: "2bit/attention=quant2-rn" (preset_spec)
     presets: tuple[str, ...] = ("lossless", "conservative", "balanced", "aggressive")
     steps: int = 2000
     batch_size: int = 16
@@ -66,18 +67,35 @@ class PresetBenchConfig:
             raise ConfigError(f"bench presets: block_size must be a positive int or None, got {self.block_size!r}")
         if self.graphs and SKETCH in self.presets:
             raise ConfigError(f"bench presets: graphs cannot replay {SKETCH} (its signs are drawn on the host)")
-        if self.graphs:  # each preset's cache checks its own rules now, before any training
-            for name in self.presets:
-                _cache(name, self)
+        for name in self.presets:  # each preset's cache checks its own rules now, before any training
+            _cache(name, self)
         if self.graphs and self.steps <= WARMUP:
             raise ConfigError(f"bench presets: graphs needs more than {WARMUP} steps (the eager warm-up), got "
                               f"{self.steps}")
 
 
-def _cache(name: str, cfg: PresetBenchConfig) -> ActivationCache:
-    """The cache of preset ``name``, built once for its run: fresh noise each step (under graphs each replay,
-    through the device-side step offset); count-only for ``none`` and the sketch."""
-    rules = count_only_rules() if name in (SKETCH, NONE) else preset_rules(name, min_bytes=cfg.min_bytes)
+def preset_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``"2bit/attention=quant2-rn/norm=quant2-rn"``: preset ``2bit`` with those roles' treatments replaced (the
+    record keeps the whole spec as the run's name)."""
+    name, *overrides = spec.split("/")
+    treatments = {}
+    for item in overrides:
+        role, sep, how = item.partition("=")
+        if not sep or not role or not how:
+            raise ConfigError(f"bench presets: {spec!r}: each override after the preset is ROLE=TREATMENT, got "
+                              f"{item!r}")
+        treatments[role] = how
+    if treatments and name in (SKETCH, NONE):
+        raise ConfigError(f"bench presets: {spec!r}: {name} has no rules to override")
+    return name, treatments
+
+
+def _cache(spec: str, cfg: PresetBenchConfig) -> ActivationCache:
+    """The cache of preset ``spec`` (:func:`preset_spec`), built once for its run: fresh noise each step (under
+    graphs each replay, through the device-side step offset); count-only for ``none`` and the sketch."""
+    name, treatments = preset_spec(spec)
+    rules = count_only_rules() if name in (SKETCH, NONE) else \
+        preset_rules(name, min_bytes=cfg.min_bytes, treatments=treatments or None)
     return ActivationCache(CacheConfig(graph_safe=cfg.graphs), rules=rules)
 
 

@@ -50,6 +50,27 @@ def test_sketch_run_keeps_less_and_puts_the_plain_layers_back(tmp_path, monkeypa
     assert runs[2]["train_loss"] == runs[0]["train_loss"]
 
 
+def test_a_preset_may_replace_roles_treatments(tmp_path, monkeypatch):
+    """2bit with attention and norm tensors at 2 bits too keeps less than 2bit, under its whole spec's name;
+    a malformed or unknown override fails before any training."""
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    out = tmp_path / "presets.json"
+    spec = "2bit/attention=quant2-rn/norm=quant2-rn"
+    rc = main(["bench", "presets", "--steps", "3", "--batch-size", "2", "--presets", f"none,2bit,{spec}",
+               "--device", "cpu", "--json", str(out)])
+    assert rc == 0
+    runs = {r["preset"]: r for r in json.loads(out.read_text())["runs"]}
+    assert runs[spec]["saved_bytes_per_token"] < 0.95 * runs["2bit"]["saved_bytes_per_token"]
+    from actzip.errors import ConfigError
+    from actzip_bench.presets import PresetBenchConfig
+
+    for bad, says in (("2bit/attention", "ROLE=TREATMENT"), ("2bit/attn=quant2-rn", "unknown role"),
+                      ("2bit/norm=quant3-rn", "norm"), ("none/norm=quant2-rn", "no rules"),
+                      ("2bit/nonlinear_input=quant2-rn", "at least 4 bits")):
+        with pytest.raises(ConfigError, match=says):
+            PresetBenchConfig(presets=("none", bad), steps=3)
+
+
 def test_the_seed_changes_weights_and_batches_and_is_recorded(tmp_path, monkeypatch):
     monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
     losses = {}
