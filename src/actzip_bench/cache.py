@@ -67,6 +67,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import warnings
 from dataclasses import asdict
 
 import torch
@@ -168,12 +169,11 @@ def compiled_model(model: BenchModel, backend: str) -> BenchModel:
     return dataclasses.replace(model, loss=torch.compile(model.loss, backend=backend))
 
 
-def captured_step(s: Strategy, opt, x, y, last_loss: dict, pool=None):
+def captured_step(s: Strategy, opt, x, y, last_loss: dict):
     """Strategy ``s``'s training step captured as a CUDA graph, after torch's warm-up on a side stream (three
     eager steps: kernels compiled, roles tracked, the step noise's offsets made); ``last_loss[s.name]`` is the
-    graph's loss, which each replay rewrites. ``pool``: a memory pool the strategies' graphs share (they never
-    run at once, and what a step leaves behind, its loss, stays referenced), so that the memory they hold is
-    the largest step's, not every step's."""
+    graph's loss, which each replay rewrites. Each graph has a memory pool of its own: graphs that share one are
+    safe only when replayed in the order they were captured, and the timed rounds interleave them."""
     if x.device.type != "cuda":
         raise ConfigError(f"cache bench: graphs capture CUDA graphs; the device is {x.device}")
     with s, s.prepared():
@@ -185,7 +185,7 @@ def captured_step(s: Strategy, opt, x, y, last_loss: dict, pool=None):
         torch.cuda.current_stream(x.device).wait_stream(side)
         opt.zero_grad(set_to_none=True)  # the gradients are then made in the graph's memory
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph):
             last_loss[s.name] = s.train_step(opt, x, y)
     return graph
 
@@ -215,8 +215,7 @@ def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, pr
     variants = {n: (lambda s=s: step(s)) for n, s in strategies.items()}
     around = {n: s.prepared for n, s in strategies.items()}
     if cfg.graphs:  # each strategy's step captured once; the timed steps replay it
-        pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # (captured_step refuses a CPU)
-        graphs = {n: captured_step(s, opt, x, y, last_loss, pool) for n, s in strategies.items()}
+        graphs = {n: captured_step(s, opt, x, y, last_loss) for n, s in strategies.items()}
         variants, around = {n: g.replay for n, g in graphs.items()}, {}
 
     # The harness collects garbage before every step; with transformers and torch's compiler stack imported a
@@ -250,7 +249,27 @@ def run_model(name: str, cfg: CacheBenchConfig, device: torch.device, corpus, pr
     record = {"model": name, **model.describe, "params": n_params, "vocab_size": model.vocab_size,
               "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "tokens_per_step": tokens,
               "resident_bytes": resident, "runs": runs}
+    if cfg.graphs:
+        record["replays_consistent"] = replays_consistent(name, runs)
     return record
+
+
+REPLAY_LOSS_SPREAD = 0.25  # how far a graphed strategy's last loss may be from none's (they train one model)
+
+
+def replays_consistent(model: str, runs: list[dict]) -> bool:
+    """Whether every graphed strategy's replays ended near the plain step's loss: the strategies' graphs take
+    turns training the same weights on the same batch, so their last losses differ by their compression's
+    error only. A loss far off (or not finite) means a graph does not compute what its eager step does; its
+    timing then says nothing, and the record says so (warned, and ``replays_consistent`` false)."""
+    base = next(r["last_loss"] for r in runs if r["strategy"] == "none")
+    off = [f"{r['strategy']} {r['last_loss']:.4g}" for r in runs
+           if not (math.isfinite(r["last_loss"]) and abs(r["last_loss"] / base - 1) <= REPLAY_LOSS_SPREAD)]
+    if off:
+        warnings.warn(f"cache bench: {model}: the replayed steps of {', '.join(off)} ended far from none's loss "
+                      f"{base:.4g}; their graphs do not compute what the eager steps do, so their timings are "
+                      "not comparable (the record's replays_consistent is false)", RuntimeWarning, stacklevel=2)
+    return not off
 
 
 def run_cache(cfg: CacheBenchConfig, device: torch.device, progress=None) -> dict:

@@ -251,3 +251,14 @@ def test_graphed_steps_replay_every_strategy_with_the_eager_probes_bytes():
     runs = {r["strategy"]: r for r in rec["runs"]}
     assert runs["4bit"]["x_smaller"] > 3 and runs["4bit"]["peak_vs_none"] is None
     assert all(math.isfinite(r["last_loss"]) and r["median_ms"] > 0 for r in runs.values())
+    assert rec["replays_consistent"]  # every graph trains the shared weights as its eager step would
+
+
+def test_a_graphed_loss_far_from_the_plain_steps_marks_the_record():
+    from actzip_bench.cache import replays_consistent
+
+    runs = [{"strategy": "none", "last_loss": 2.9}, {"strategy": "4bit", "last_loss": 2.85}]
+    assert replays_consistent("gpt-gelu", runs)
+    for bad in (1e-42, -0.004, float("nan")):
+        with pytest.warns(RuntimeWarning, match="4bit .*far from none's loss"):
+            assert not replays_consistent("gpt-gelu", [runs[0], {"strategy": "4bit", "last_loss": bad}])

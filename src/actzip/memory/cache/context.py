@@ -164,6 +164,10 @@ class CacheContext:
                 raise ConfigError(f"cache: graph_safe=True, but rule {r.name!r} cannot be replayed as a CUDA "
                                   f"graph: {why}")
 
+    def _capturing(self) -> bool:
+        """Whether this block is being captured into a CUDA graph (asked of graph-safe caches only)."""
+        return self.step_noise is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
     @classmethod
     def count_only(cls) -> "CacheContext":
         """A cache that stores everything as it is and only counts it (same dedup, same accounting)."""
@@ -188,8 +192,11 @@ class CacheContext:
         self.save_index = -1
         self._seen.clear()
         self._rule_of.clear()
-        # a fresh tracker each tracked block (modes are entered once each); none where the plan gives the roles
-        if self.track_roles and not (self.role_plan.lifetime and self.role_plan.start()):
+        # a fresh tracker each tracked block (modes are entered once each); none where the plan gives the roles.
+        # A block being captured into a CUDA graph is tracked: its host work is paid once, and a model may take
+        # another path under capture than in the eager steps the plan was recorded from
+        replayed = not self._capturing() and self.role_plan.lifetime and self.role_plan.start()
+        if self.track_roles and not replayed:
             self._tracker = RoleTracker()
             self._tracker.__enter__()
         if self.step_noise is not None:  # a device op: a captured step replays it, and so draws new noise
