@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actzip.errors import ConfigError
-from actzip_bench import (figures_cache_host, figures_compressors_docs, figures_ffn_public, figures_grpo, figures_kernel_variants,
+from actzip_bench import (figures_cache_host, figures_cache_roles, figures_compressors_docs, figures_ffn_public, figures_grpo, figures_kernel_variants,
                           figures_link_calibration, figures_lora_docs, figures_mask_keep, figures_memory,
                           figures_memory_docs, figures_one_liner, figures_presets_seeds, figures_prompt, figures_split,
                           figures_wire, figures_wire_baselines, figures_wire_docs, figures_wire_paper,
@@ -32,7 +32,8 @@ RENDERERS = {**figures_memory.RENDERERS, **figures_wire.RENDERERS, **figures_wir
              **figures_ffn_public.RENDERERS, **figures_one_liner.RENDERERS, **report_decentralized.RENDERERS,
              **figures_link_calibration.RENDERERS, **figures_grpo.RENDERERS,
              **figures_mask_keep.RENDERERS, **figures_kernel_variants.RENDERERS, **figures_split.RENDERERS,
-             **figures_prompt.RENDERERS, **figures_wire_paper.RENDERERS, **figures_cache_host.RENDERERS}
+             **figures_prompt.RENDERERS, **figures_wire_paper.RENDERERS, **figures_cache_host.RENDERERS,
+             **figures_cache_roles.RENDERERS}
 
 BLOCK = re.compile(r"<!-- figure: (?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /figure -->", re.S)
 OPEN, CLOSE = re.compile(r"<!-- figure:"), re.compile(r"<!-- /figure -->")
