@@ -1,0 +1,66 @@
+"""The 2-bit figures: each role's share of the dense bytes with the ratio at 2 bits for all but nonlinear inputs,
+and the probe's loss gaps over seeds; clear errors for records that lack what they need."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from actzip.errors import ConfigError
+from actzip_bench import figures
+from actzip_bench.figures_cache_roles import BOUND_PROBE, ROLES_GPU
+
+
+def _rule(dense: int, stored: int) -> dict:
+    return {"tensors": 1, "dense_bytes": dense, "stored_bytes": stored}
+
+
+def _roles_record(root: Path, strategies=("2bit", "2bit+norms")) -> None:
+    # 1000 dense bytes: linear 400 (2 bits: 0.15625 kept), nonlinear 300 (4 bits), attention 300 (4 bits)
+    by_rule = {"leaf": _rule(50, 50), "linear_input:quant2": _rule(400, 62.5),
+               "nonlinear_input:quant4": _rule(300, 84.375), "attention:quant4": _rule(300, 84.375)}
+    runs = [{"strategy": s, "bytes_dense": 1000, "x_smaller": 1000 / 231.25, "by_rule": by_rule} for s in strategies]
+    rec = {"machine": {"gpu": "NVIDIA H100 80GB HBM3"}, "models": [{"model": "gpt-gelu", "params": 124e6, "runs": runs}]}
+    (root / ROLES_GPU).parent.mkdir(parents=True, exist_ok=True)
+    (root / ROLES_GPU).write_text(json.dumps(rec))
+
+
+def test_shares_and_the_ratio_with_all_but_nonlinear_inputs_at_2_bits(tmp_path):
+    _roles_record(tmp_path)
+    text = figures.render("memory-2bit-roles", tmp_path)
+    # attention moves to the 2-bit fraction: 62.5 + 84.375 + 300 * 0.15625 = 193.75 stored of 1000
+    assert "| GELU GPT 124M | `2bit` | 4.32× | 40% | 30% | 30% | - | - | - | 5.16× |" in text
+    assert "below ActNN's 6.0× over bf16" in text and f"(`{ROLES_GPU}`)" in text
+
+
+def test_a_missing_strategy_is_a_clear_error(tmp_path):
+    _roles_record(tmp_path, strategies=("2bit",))
+    with pytest.raises(ConfigError, match="no '2bit\\+norms' run of gpt-gelu"):
+        figures.render("memory-2bit-roles", tmp_path)
+
+
+def _probe(root: Path, seed: int, gaps: dict[str, float], drop=None) -> None:
+    runs = [{"preset": "lossless", "saved_bytes_per_token": 100.0, "train_loss_gap": 0.0, "val_loss_gap": 0.0}]
+    runs += [{"preset": p, "saved_bytes_per_token": 20.0, "train_loss_gap": g, "val_loss_gap": g / 2}
+             for p, g in gaps.items() if p != drop]
+    rec = {"config": {"model": "tiny", "activation": "gelu", "steps": 2000, "dtype": "float32", "seed": seed},
+           "reference": "lossless", "runs": runs}
+    path = root / BOUND_PROBE / f"gelu-seed{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec))
+
+
+def test_the_probe_gives_each_preset_mean_and_range_over_the_seeds(tmp_path):
+    for seed, gap in enumerate((0.02, 0.04)):
+        _probe(tmp_path, seed, {"2bit": gap, "2bit/norm=quant2-rn": 10 * gap})
+    text = figures.render("memory-2bit-probe", tmp_path)
+    assert "| `2bit` | 20.0% | +3.0% (+2.0% to +4.0%) | +1.5% (+1.0% to +2.0%) |" in text
+    assert "| `2bit/norm=quant2-rn` | 20.0% | +30.0% (+20.0% to +40.0%)" in text
+    assert "seeds 0, 1" in text and "(`lossless`)" in text
+
+
+def test_a_probe_run_lacking_a_preset_is_a_clear_error(tmp_path):
+    _probe(tmp_path, 0, {"2bit": 0.02, "2bit/norm=quant2-rn": 0.2})
+    _probe(tmp_path, 1, {"2bit": 0.02, "2bit/norm=quant2-rn": 0.2}, drop="2bit/norm=quant2-rn")
+    with pytest.raises(ConfigError, match="lacks '2bit/norm=quant2-rn'"):
+        figures.render("memory-2bit-probe", tmp_path)
