@@ -172,8 +172,9 @@ def compiled_model(model: BenchModel, backend: str) -> BenchModel:
 def captured_step(s: Strategy, opt, x, y, last_loss: dict):
     """Strategy ``s``'s training step captured as a CUDA graph, after torch's warm-up on a side stream (three
     eager steps: kernels compiled, roles tracked, the step noise's offsets made); ``last_loss[s.name]`` is the
-    graph's loss, which each replay rewrites. Each graph has a memory pool of its own: graphs that share one are
-    safe only when replayed in the order they were captured, and the timed rounds interleave them."""
+    graph's loss, which each replay rewrites. Each graph has a memory pool of its own: with one pool shared by
+    every strategy's graph, the first GPU runs ended with losses that read as memory another graph had written
+    (``results/h100/cache-graphs-shared-pool/SOURCE.md``)."""
     if x.device.type != "cuda":
         raise ConfigError(f"cache bench: graphs capture CUDA graphs; the device is {x.device}")
     with s, s.prepared():

@@ -150,7 +150,7 @@ def graph_unpack(packed):
     return torch.ops.actzip.decode_saved(list(buffers), key, list(shape), list(stride), dtype)
 
 
-_callback_of_thread = None  # get_eval_frame_callback, looked up once (an import per save costs microseconds)
+_callback_of_thread = None  # get_eval_frame_callback, looked up once (not an import per save)
 
 
 def _dynamo_watching() -> bool:
@@ -169,8 +169,8 @@ def not_traced(fn):
     """``fn``, which dynamo must not trace: saved-tensor hooks run from autograd's C++ code, also between a
     compiled region's graph breaks, where dynamo would try to compile them. ``torch.compiler.disable`` is applied
     on the first call made while dynamo watches frames (loading dynamo at import would load Triton with it); in
-    plain eager code, where nothing watches, ``fn`` is called as it is (the wrapper's frame switching is a few
-    microseconds a save)."""
+    plain eager code, where nothing watches, ``fn`` is called as it is (the wrapper's frame switching would be
+    host time on every save)."""
     disabled = None
 
     @functools.wraps(fn)
