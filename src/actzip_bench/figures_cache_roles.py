@@ -73,8 +73,10 @@ def two_bit_roles(root: Path) -> str:
             cells = " | ".join(f"{shares[c][0]:.0%}" if c in shares else "-" for c in COLUMNS)
             lines.append(f"| {name} | `{strategy}` | {run['x_smaller']:.2f}× | {cells} | {bound:.2f}× |")
     best = max(bounds, key=lambda b: b[2])
+    c = rec["config"]
     return "\n".join([
-        f"On an {rec['machine']['gpu']}, 124M models, 32 x 1024 tokens, bfloat16: each role's share of the bytes "
+        f"On an {rec['machine']['gpu']}, {c['batch_size']} x {c['seq_len']} tokens, {c['dtype']}: each role's "
+        "share of the bytes "
         "autograd would keep, and what the strategy would store with every role but nonlinear inputs (the "
         "presets' floor of 4 bits) taken to the 2-bit groups' stored fraction of the same record, rebuilt norms "
         f"and kept tensors as measured {cite(ROLES_GPU)}:", "", *lines, "",

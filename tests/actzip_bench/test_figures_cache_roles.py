@@ -20,7 +20,9 @@ def _roles_record(root: Path, strategies=("2bit", "2bit+norms")) -> None:
     by_rule = {"leaf": _rule(50, 50), "linear_input:quant2": _rule(400, 62.5),
                "nonlinear_input:quant4": _rule(300, 84.375), "attention:quant4": _rule(300, 84.375)}
     runs = [{"strategy": s, "bytes_dense": 1000, "x_smaller": 1000 / 231.25, "by_rule": by_rule} for s in strategies]
-    rec = {"machine": {"gpu": "NVIDIA H100 80GB HBM3"}, "models": [{"model": "gpt-gelu", "params": 124e6, "runs": runs}]}
+    rec = {"machine": {"gpu": "NVIDIA H100 80GB HBM3"},
+           "config": {"batch_size": 32, "seq_len": 1024, "dtype": "bfloat16"},
+           "models": [{"model": "gpt-gelu", "params": 124e6, "runs": runs}]}
     (root / ROLES_GPU).parent.mkdir(parents=True, exist_ok=True)
     (root / ROLES_GPU).write_text(json.dumps(rec))
 
@@ -31,6 +33,7 @@ def test_shares_and_the_ratio_with_all_but_nonlinear_inputs_at_2_bits(tmp_path):
     # attention moves to the 2-bit fraction: 62.5 + 84.375 + 300 * 0.15625 = 193.75 stored of 1000
     assert "| GELU GPT 124M | `2bit` | 4.32× | 40% | 30% | 30% | - | - | - | 5.16× |" in text
     assert "below ActNN's 6.0× over bf16" in text and f"(`{ROLES_GPU}`)" in text
+    assert "32 x 1024 tokens, bfloat16" in text
 
 
 def test_a_missing_strategy_is_a_clear_error(tmp_path):
