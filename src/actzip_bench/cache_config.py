@@ -123,6 +123,8 @@ def not_graphed(strategy: str) -> str | None:
     if strategy.endswith(NORMS):
         return "its norms are swapped in for the capture only, a replay would read them after they are gone"
     return None
+
+
 # A CPU run of every model and strategy in well under a minute on two cores.
 QUICK = {"gpt_preset": "tiny", "seq_len": 64, "batch_size": 4, "vocab_size": BYTE_VOCAB, "rounds": 2, "warmup": 1,
          "min_bytes": 0, "loss_chunk": 128, "corpus_bytes": 200_000}

@@ -37,7 +37,7 @@ class Strategy:
             CacheContext(CacheConfig(fuse_compiled=cfg.fuse_compiled, graph_safe=cfg.graphs), rules=self.rules)
         self.swap = (sketched, plain) if name.removesuffix(NORMS) == "sketch-d8" else None
         self.norms = name.endswith(NORMS)
-        self.graphed = cfg.compile == "inductor-cudagraphs"  # the compiled loss replays CUDA graphs
+        self.compiled_cudagraphs = cfg.compile == "inductor-cudagraphs"  # the compiled loss replays CUDA graphs
 
     def __enter__(self):
         if self.swap:
@@ -61,7 +61,7 @@ class Strategy:
         """One training step of the shared model under this strategy's cache (the caller has entered the
         strategy, so its modules are in place): forward, backward, the optimizer's step; the loss, a copy (a CUDA
         graph's output is overwritten by its next replay)."""
-        if self.graphed:
+        if self.compiled_cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()  # the step before's outputs are no longer read
         with self.forward_context():
             loss = self.model.loss(x, y)

@@ -155,7 +155,7 @@ class CacheContext:
             why = None
             if r.offload is not None:
                 why = "it offloads to CPU memory"
-            elif codec is not None and not getattr(codec, "fixed_size", False):
+            elif codec is not None and not codec.fixed_size:
                 why = f"codec {codec.name!r} makes payloads whose size depends on the values (a synchronization)"
             elif codec is not None and getattr(codec, "rounding", None) == "stochastic" \
                     and not codec.follows_step_noise:
