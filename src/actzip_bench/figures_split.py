@@ -228,6 +228,53 @@ def heldout_at_raised_shares(root: Path) -> str:
     return heldout_on_equal_terms(root, HELDOUT_RAISED_SHARE, "held out at raised shares", _OTHERS_AS_BEFORE)
 
 
+UNCOMPRESSED = "results/cpu/split-uncompressed"  # each data set with every modality sent whole (bf16), 3 seeds
+_NEAR = 0.03  # the margin the policy targets ask for (points of accuracy over the best other policy)
+
+
+def against_uncompressed(root: Path) -> str:
+    """Each data set's accuracy with nothing compressed, and what it bounds in the raised-share comparison: the
+    cells where the best policy other than ModalShare is already within :data:`_NEAR` of it (a lead of that
+    margin there needs more than the whole uplink gives), and where ModalShare falls below equal keep-ratios,
+    how far equal keep-ratios itself is from it."""
+    lines = ["| data set | nothing compressed | cells | best other within 3 points of it or above | ModalShare 3 "
+             "points or more above the best other | ModalShare below equal: by (equal − nothing compressed) |",
+             "|---|---:|---:|---:|---:|---|"]
+    cells, seeds = _cells(root, HELDOUT_OTHERS)
+    by_set: dict[str, list] = {}
+    for name, others, grid in cells:
+        row = {"equal": grid["equal"], "equal-payload": grid["equal-payload"], **others["mean_accuracy"]}
+        mine = load(root, f"{HELDOUT_RAISED_SHARE}/{name}")["mean_accuracy"]["modalshare"]
+        by_set.setdefault(others["config"]["dataset"], []).append((others["config"], row, mine))
+    near_all = lead_all = 0
+    below_all = []
+    for dataset, rows in sorted(by_set.items()):
+        rec = load(root, f"{UNCOMPRESSED}/{dataset}.json")
+        whole = rec["mean_accuracy"]["equal"]
+        near = lead = 0
+        below = []
+        for c, row, mine in rows:
+            best = max(v for p, v in row.items() if p != "equal")
+            near += best >= whole - _NEAR
+            lead += mine - max(best, row["equal"]) >= _NEAR
+            if mine < row["equal"]:
+                below.append(f"{c['compressor']} {c['compression']:g}x: {(mine - row['equal']) * 100:+.1f} "
+                             f"({(row['equal'] - whole) * 100:+.1f})")
+        near_all, lead_all, below_all = near_all + near, lead_all + lead, below_all + below
+        accs = [r["accuracy"] for r in rec["rows"]]
+        lines.append(f"| {dataset} | {whole:.1%} ({min(accs):.1%}–{max(accs):.1%}) | {len(rows)} | {near} | {lead} | "
+                     f"{'; '.join(below) or 'none'} |")
+    c = next(iter(load(root, f"{UNCOMPRESSED}/{d}.json") for d in by_set))["config"]
+    lines += ["", f"Nothing compressed: equal keep-ratios at compression 1 (every value sent in bf16, `{c['compressor']}` "
+              f"at ratio 1), the grids' protocol ({c['steps']} steps), {len(c['seeds'])} seeds, test accuracy (lowest–"
+              f"highest). The cells: the raised-share comparison above (mean of {seeds} seeds). In {near_all} of "
+              f"{len(cells)} cells the best other policy is within 3 points of the accuracy with nothing compressed "
+              f"or above it; ModalShare leads the best other by 3 points or more in {lead_all}; it is below equal "
+              f"keep-ratios in {len(below_all)} (`{UNCOMPRESSED}/`, `{HELDOUT_RAISED_SHARE}/`, "
+              f"`{HELDOUT_OTHERS}/`, the grids' directories)."]
+    return "\n".join(lines)
+
+
 SWITCH = "results/cpu/split-switch"  # the synthetic grid's protocol with a mid-training switch (--switch-step)
 _POLICY_NAMES = {"equal": "equal", "equal-payload": "equal payload", "gradient-norm": "gradient norm",
                  "std": "SplitFC-style std", "modalshare": "ModalShare"}
@@ -275,5 +322,6 @@ RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "spl
              "split-heldout-others": heldout_on_equal_terms, "split-switch": switch_table,
              "split-heldout-equal-share": heldout_at_equal_shares,
              "split-heldout-raised-share": heldout_at_raised_shares,
+             "split-uncompressed": against_uncompressed,
              **{f"split-policies-{name}": _for(policy_grid, grid) for name, grid in DATASET_GRIDS.items()},
              **{f"split-codecs-{name}": _for(codec_grid, grid) for name, grid in DATASET_GRIDS.items()}}

@@ -83,3 +83,21 @@ def test_the_switch_table_shows_where_each_policy_moved_its_budget(tmp_path):
     text = switch_table(tmp_path)
     assert "| 5x | ModalShare | 75.0% (75.0%–75.0%) | 0.100, 1.000 | 0.400, 0.050 |" in text
     assert "| 5x | equal | 50.0% (50.0%–50.0%) | 0.200, 0.200 | 0.200, 0.200 |" in text
+
+
+def test_the_uncompressed_bound_reads_one_record_a_data_set(tmp_path):
+    from actzip_bench.figures_split import UNCOMPRESSED, against_uncompressed
+
+    text = against_uncompressed(REPO)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "%" in line]
+    assert {line.split(" | ")[0][2:] for line in rows} == {"digits", "spoken-digits", "synthetic"}
+    for line in rows:  # the uncompressed accuracy is its record's mean
+        dataset = line.split(" | ")[0][2:]
+        whole = json.loads((REPO / UNCOMPRESSED / f"{dataset}.json").read_text())["mean_accuracy"]["equal"]
+        assert f"| {whole:.1%} (" in line
+    assert "of 45 cells" in text
+    for folder in ("split-heldout-others", "split-heldout-raised-share", "split-grid", "split-digits",
+                   "split-spoken-digits"):  # everything it reads but the bound's records
+        shutil.copytree(REPO / "results/cpu" / folder, tmp_path / "results/cpu" / folder)
+    with pytest.raises(ConfigError, match="split-uncompressed"):  # no records of the bound: an error, not a table
+        against_uncompressed(tmp_path)
