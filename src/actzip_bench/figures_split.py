@@ -275,6 +275,40 @@ def against_uncompressed(root: Path) -> str:
     return "\n".join(lines)
 
 
+DCT_NEAREST = "results/cpu/split-dct-nearest"  # dct with nearest rounding both ways, equal keep-ratios
+
+
+def dct_rounding(root: Path) -> str:
+    """SL-FAC's codes rounded stochastically (the grids) and to nearest (:data:`DCT_NEAREST`), against top-k and
+    uniform quantization at the same payloads, equal keep-ratios, on each data set and compression."""
+    lines = ["| data set | compression | topk | quant | dct, stochastic | dct, nearest | nearest − stochastic | "
+             "nearest − topk |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    grids = {"synthetic": GRID, **DATASET_GRIDS}
+    moves, leads, n = [], [], 0
+    recs = [load(root, f"{DCT_NEAREST}/{path.name}") for path in sorted((root / DCT_NEAREST).glob("*.json"))]
+    for rec in sorted(recs, key=lambda r: (r["config"]["dataset"], r["config"]["compression"])):
+        c = rec["config"]
+        grid = _grid(root, grids[c["dataset"]])
+        x = c["compression"]
+        mean = lambda comp: grid[(comp, x)]["mean_accuracy"]["equal"]  # noqa: E731
+        near = rec["mean_accuracy"]["equal"]
+        moves.append(near - mean("dct"))
+        leads.append((x, c["dataset"], near - mean("topk")))
+        n = len(c["seeds"])
+        lines.append(f"| {c['dataset']} | {x:g}x | {mean('topk'):.1%} | {mean('quant'):.1%} | {_acc(grid[('dct', x)], 'equal')} "
+                     f"| {_acc(rec, 'equal')} | {moves[-1] * 100:+.1f} | {leads[-1][2] * 100:+.1f} |")
+    if not moves:
+        raise ConfigError(f"figure: no records in {DCT_NEAREST}")
+    high = [(d, lead) for x, d, lead in leads if x >= 32]
+    lines += ["", f"Equal keep-ratios, test accuracy, mean of {n} seeds (lowest–highest for the two `dct` columns), "
+              "each grid's protocol; `topk`, `quant` and stochastic `dct` are the grids' own records. Nearest "
+              f"rounding against stochastic: {min(moves) * 100:+.1f} to {max(moves) * 100:+.1f} points over "
+              f"{len(moves)} cells ({sum(m > 0 for m in moves)} above); at the highest compression against `topk`: "
+              + ", ".join(f"{d} {lead * 100:+.1f}" for d, lead in sorted(high))
+              + f" (`{DCT_NEAREST}/`, the grids' directories)."]
+    return "\n".join(lines)
+
+
 SWITCH = "results/cpu/split-switch"  # the synthetic grid's protocol with a mid-training switch (--switch-step)
 _POLICY_NAMES = {"equal": "equal", "equal-payload": "equal payload", "gradient-norm": "gradient norm",
                  "std": "SplitFC-style std", "modalshare": "ModalShare"}
@@ -323,5 +357,6 @@ RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "spl
              "split-heldout-equal-share": heldout_at_equal_shares,
              "split-heldout-raised-share": heldout_at_raised_shares,
              "split-uncompressed": against_uncompressed,
+             "split-dct-rounding": dct_rounding,
              **{f"split-policies-{name}": _for(policy_grid, grid) for name, grid in DATASET_GRIDS.items()},
              **{f"split-codecs-{name}": _for(codec_grid, grid) for name, grid in DATASET_GRIDS.items()}}

@@ -101,3 +101,21 @@ def test_the_uncompressed_bound_reads_one_record_a_data_set(tmp_path):
         shutil.copytree(REPO / "results/cpu" / folder, tmp_path / "results/cpu" / folder)
     with pytest.raises(ConfigError, match="split-uncompressed"):  # no records of the bound: an error, not a table
         against_uncompressed(tmp_path)
+
+
+def test_the_rounding_table_has_a_row_per_record_in_order_and_compares_with_the_grids(tmp_path):
+    from actzip_bench.figures_split import DCT_NEAREST, dct_rounding
+
+    text = dct_rounding(REPO)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "%" in line]
+    assert len(rows) == len(list((REPO / DCT_NEAREST).glob("*.json")))
+    keys = [(line.split(" | ")[0][2:], float(line.split(" | ")[1][:-1])) for line in rows]
+    assert keys == sorted(keys)  # by data set, then compression as a number
+    rec = json.loads((REPO / DCT_NEAREST / "digits-dct-32.json").read_text())
+    assert rec["config"]["rounding"] == "nearest" and rec["config"]["policies"] == ["equal"]
+    grid = json.loads((REPO / "results/cpu/split-digits/dct-32.json").read_text())["mean_accuracy"]["equal"]
+    moved = (rec["mean_accuracy"]["equal"] - grid) * 100
+    assert any(line.startswith("| digits | 32x |") and f"| {moved:+.1f} |" in line for line in rows)
+    (tmp_path / DCT_NEAREST).mkdir(parents=True)
+    with pytest.raises(ConfigError, match="no records"):
+        dct_rounding(tmp_path)

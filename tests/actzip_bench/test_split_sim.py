@@ -88,3 +88,12 @@ def test_scoring_at_equal_shares_keeps_the_budget_and_is_refused_without_heldout
     assert equal["history"][1]["scores"] != current["history"][1]["scores"]  # scored on other payloads
     with pytest.raises(ConfigError, match="score_at"):
         SplitSimConfig(score_at="equal")
+
+
+def test_nearest_rounding_runs_and_is_recorded_and_an_unknown_one_is_refused():
+    cfg = SplitSimConfig(compressor="dct", compression=10.0, steps=5, seeds=(0,), train=300, test=100,
+                         policies=("equal",), rounding="nearest")
+    rec = run_split_sim(cfg)
+    assert rec["config"]["rounding"] == "nearest" and 0 <= rec["mean_accuracy"]["equal"] <= 1
+    with pytest.raises(ConfigError, match="rounding"):
+        SplitSimConfig(rounding="up")

@@ -279,3 +279,11 @@ def test_raised_scoring_ratios_lift_every_modality_to_its_equal_share_and_keep_t
     assert raised[0] / raised[2] == pytest.approx(1.0)  # the starved one now at the others' share
     assert raised[1] > 10 * equal[1]  # the one ModalShare favours stays favoured
     assert scoring_ratios("current", current, sizes, budget) == current
+
+
+def test_both_ends_build_their_links_with_the_config_s_rounding():
+    cfg = SplitConfig(SIZES, compressor="dct", compression=5.0, rounding="nearest")
+    assert cfg.link(0, 0.2, 1, 3).rounding == "nearest"
+    assert SplitConfig(SIZES, compressor="dct").link(0, 0.2, 1, 3).rounding == "stochastic"
+    with pytest.raises(ConfigError, match="rounding"):
+        SplitConfig(SIZES, compressor="dct", rounding="up")

@@ -114,3 +114,25 @@ def test_feature_maps_keep_their_shape_and_dct_runs_along_space(method):
     if method == "dct":  # the smooth lines' energy sits in the low bands: closer than uniform quantization
         err = lambda v: float((v - a).norm() / a.norm())  # noqa: E731
         assert err(sent.view.detach()) < 0.5 * err(send(a.detach(), 0.25, "quant", seed=3).view)
+
+
+@pytest.mark.parametrize("method", ["dct", "quant"])
+def test_nearest_rounding_is_the_same_whatever_the_seed_both_ways(method):
+    views, grads = [], []
+    for seed in (1, 2):
+        a = acts()
+        s = send(a, 0.1, method, seed=seed, rounding="nearest")
+        s.view.square().sum().backward()
+        views.append(s.view.detach())
+        grads.append(a.grad)
+    assert torch.equal(views[0], views[1]) and torch.equal(grads[0], grads[1])
+    a = acts()
+    noisy = [send(a, 0.1, method, seed=seed).view.detach() for seed in (1, 2)]
+    assert not torch.equal(noisy[0], noisy[1])  # stochastic rounding draws its own noise from the seed
+    nearest = send(a, 0.1, method, seed=1, rounding="nearest")
+    assert nearest.uplink_bytes == send(a, 0.1, method, seed=1).uplink_bytes  # the same payload either way
+
+
+def test_an_unknown_rounding_is_refused_by_name():
+    with pytest.raises(ConfigError, match="rounding"):
+        send(acts(), 0.1, "dct", rounding="up")

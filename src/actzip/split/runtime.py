@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from actzip.codecs.lossy import ROUNDINGS
 from actzip.errors import ConfigError
 from actzip.split.allocation import equal_keep_ratios, keep_ratios
 from actzip.split.coalitions import ABSENT, coalition_values
@@ -72,6 +73,9 @@ class SplitConfig:
     # scored low for being kept low) or "raised" (ModalShare's own, each at least the equal one, scaled to the
     # same payload)
     score_at: str = "current"
+    # how dct and quant round their codes, both ways (actzip.split.uplink.Link.rounding): "stochastic" (unbiased
+    # on what they send) or "nearest" (biased, less noise)
+    rounding: str = "stochastic"
 
     def __post_init__(self) -> None:
         self.sizes = tuple(int(s) for s in self.sizes)
@@ -79,6 +83,8 @@ class SplitConfig:
             raise ConfigError(f"SplitConfig.sizes must be positive feature counts, one per modality, got {self.sizes}")
         if self.compressor not in COMPRESSORS:
             raise ConfigError(f"SplitConfig.compressor must be one of {COMPRESSORS}, got {self.compressor!r}")
+        if self.rounding not in ROUNDINGS:
+            raise ConfigError(f"SplitConfig.rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
         if self.policy not in SPLIT_POLICIES:
             raise ConfigError(f"SplitConfig.policy must be one of {SPLIT_POLICIES}, got {self.policy!r}")
         if not self.compression >= 1:
@@ -113,7 +119,7 @@ class SplitConfig:
 
     def link(self, modality: int, ratio: float, client: int, step: int) -> Link:
         seed = ((self.seed * 1_000_003 + client) * 1_000_003 + step) * len(self.sizes) + modality
-        return Link(self.compressor, ratio, seed % (1 << 62), self.value_bits)
+        return Link(self.compressor, ratio, seed % (1 << 62), self.value_bits, self.rounding)
 
 
 def scoring_ratios(score_at: str, current: Sequence[float], sizes: Sequence[float], budget: float) -> list[float]:

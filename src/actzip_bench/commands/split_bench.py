@@ -76,6 +76,8 @@ def add_parsers(bench) -> None:
                     "each at least the equal one, scaled to the same payload)")
     sb.add_argument("--switch-step", type=int, help="synthetic suite only: from this step on the image stream "
                     "carries the class and the sensor is silent (training and test samples after the switch)")
+    sb.add_argument("--rounding", help="how dct and quant round their codes, both ways: stochastic (default: unbiased "
+                    "on what they send) or nearest (biased, less noise)")
     sb.add_argument("--steps", type=int)
     sb.add_argument("--refresh", type=int, help="steps between ModalShare's score refreshes")
     sb.add_argument("--explore", type=float, help="share of its equal keep-ratio every modality keeps under the "
