@@ -19,6 +19,9 @@ set -uo pipefail
 out=${1:?output directory}; jobs=${2:-2}; shift $(( $# >= 2 ? 2 : $# ))
 mkdir -p "$out"
 export SPLIT_CELL_OPTIONS="$*" POLICIES  # bench split options for every cell (no spaces inside one)
+# several cells at once: one intra-op thread each unless told otherwise (processes whose thread pools share the
+# cores wait on each other's threads: a small reduction then takes milliseconds)
+[ "$jobs" -le 1 ] || export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 for dataset in synthetic digits spoken-digits; do
   for compressor in random topk dct; do
     for compression in ${COMPRESSIONS:-5 20}; do
