@@ -179,6 +179,14 @@ def test_a_client_built_with_other_settings_is_refused_on_both_ends():
     for end in (server, client):
         with pytest.raises(WireConfigMismatchError, match="compression"):
             end.check()
+    hub = LoopbackHub()  # the codes' rounding too: the ends would read each other's codes with another rule
+    server = SplitServer(model, Transport(hub.backend(0), 0), [1], SplitConfig(SIZES, compressor="dct"),
+                         torch.optim.SGD(model.parameters(), 0.1))
+    client = SplitClient(enc, Transport(hub.backend(1), 1), 0, SplitConfig(SIZES, compressor="dct", rounding="nearest"),
+                         torch.optim.SGD(enc.parameters(), 0.1))
+    for end in (server, client):
+        with pytest.raises(WireConfigMismatchError, match="rounding"):
+            end.check()
 
 
 def _ranks(rank, world):
