@@ -247,24 +247,24 @@ def against_uncompressed(root: Path) -> str:
         mine = load(root, f"{HELDOUT_RAISED_SHARE}/{name}")["mean_accuracy"]["modalshare"]
         by_set.setdefault(others["config"]["dataset"], []).append((others["config"], row, mine))
     near_all = lead_all = 0
-    below_all = []
+    below_all, c = [], None
     for dataset, rows in sorted(by_set.items()):
         rec = load(root, f"{UNCOMPRESSED}/{dataset}.json")
+        c = rec["config"]
         whole = rec["mean_accuracy"]["equal"]
         near = lead = 0
         below = []
-        for c, row, mine in rows:
+        for cell, row, mine in rows:
             best = max(v for p, v in row.items() if p != "equal")
             near += best >= whole - _NEAR
             lead += mine - max(best, row["equal"]) >= _NEAR
             if mine < row["equal"]:
-                below.append(f"{c['compressor']} {c['compression']:g}x: {(mine - row['equal']) * 100:+.1f} "
+                below.append(f"{cell['compressor']} {cell['compression']:g}x: {(mine - row['equal']) * 100:+.1f} "
                              f"({(row['equal'] - whole) * 100:+.1f})")
         near_all, lead_all, below_all = near_all + near, lead_all + lead, below_all + below
         accs = [r["accuracy"] for r in rec["rows"]]
         lines.append(f"| {dataset} | {whole:.1%} ({min(accs):.1%}–{max(accs):.1%}) | {len(rows)} | {near} | {lead} | "
                      f"{'; '.join(below) or 'none'} |")
-    c = next(iter(load(root, f"{UNCOMPRESSED}/{d}.json") for d in by_set))["config"]
     lines += ["", f"Nothing compressed: equal keep-ratios at compression 1 (every value sent in bf16, `{c['compressor']}` "
               f"at ratio 1), the grids' protocol ({c['steps']} steps), {len(c['seeds'])} seeds, test accuracy (lowest–"
               f"highest). The cells: the raised-share comparison above (mean of {seeds} seeds). In {near_all} of "
