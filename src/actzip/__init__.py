@@ -5,7 +5,8 @@ from actzip.errors import *  # noqa: F401,F403  (every error is exported at the 
 from actzip.api import CompressReport, compress_, restore_
 from actzip.memory.cache import CacheConfig, cache
 from actzip.memory.lora import LoRAConfig
-from actzip.memory.modules import Fp8LinearConfig, NormRebuildConfig, SketchedLinearConfig, SparseMLPConfig
+from actzip.memory.modules import (DerivativeActivationConfig, Fp8LinearConfig, NormRebuildConfig, SketchedLinearConfig,
+                                   SparseMLPConfig)
 from actzip.memory.planner import PlannerConfig
 from actzip.prompt import PromptVectorConfig
 
@@ -25,6 +26,7 @@ def __getattr__(name: str):
 __all__ = [
     "CacheConfig",
     "CompressReport",
+    "DerivativeActivationConfig",
     "Fp8LinearConfig",
     "NormRebuildConfig",
     "LoRAConfig",

@@ -30,7 +30,11 @@ the strategies only change what is saved for backward):
 - ``4bit+norms``, ``2bit+norms``, ``sketch-d8+norms`` (not in the default list): the same with every norm output
   rebuilt in backward from the norm's input (``compress_(model, NormRebuildConfig())``: transformers RMSNorms
   swapped for exact lean ones, the projections they feed keeping a rebuild handle), applied before each of
-  the strategy's steps and undone after it, outside the step's timing.
+  the strategy's steps and undone after it, outside the step's timing;
+- ``2bit+derivatives``, ``2bit+norms+derivatives`` (not in the default list): ``2bit`` (with the norms rebuilt)
+  and the GELUs / SiLUs keeping their derivative instead of their input, a 2-bit linear input
+  (``compress_(model, DerivativeActivationConfig())``, applied and undone as the norms are; a model with neither
+  activation runs its base strategy).
 
 Measured per model and strategy:
 

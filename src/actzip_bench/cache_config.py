@@ -16,7 +16,10 @@ LOSSY_PRESETS = tuple(p for p in PRESETS if p not in ("lossless", "4bit", "2bit"
 STRATEGIES = ("none", "checkpoint", "sparse", *LOSSY_PRESETS, "4bit", "2bit", "sketch-d8")
 NORMS = "+norms"  # suffix: the strategy with every norm output rebuilt in backward (NormRebuildConfig)
 WITH_NORMS = ("4bit+norms", "2bit+norms", "sketch-d8+norms")
-KNOWN_STRATEGIES = (*STRATEGIES, "lossless", *WITH_NORMS)
+# suffix, after "+norms" if any: the GELUs / SiLUs keep their derivative for backward (DerivativeActivationConfig)
+DERIVATIVES = "+derivatives"
+WITH_DERIVATIVES = ("2bit+derivatives", "2bit+norms+derivatives")
+KNOWN_STRATEGIES = (*STRATEGIES, "lossless", *WITH_NORMS, *WITH_DERIVATIVES)
 HEAD = "loss head"  # the float32 log-softmax output the cross entropy keeps (tokens x vocab)
 LLAMA_VOCAB = 32000  # Llama-2's vocabulary, the Llama model's default
 BYTE_VOCAB = 256  # the embedded corpus is bytes: token ids are 0..255
@@ -33,6 +36,13 @@ DESCRIPTIONS = {
 }
 DESCRIPTIONS.update({s: DESCRIPTIONS[s.removesuffix(NORMS)] + "; norm outputs rebuilt in backward, transformers "
                      "RMSNorms swapped for exact lean ones (NormRebuildConfig)" for s in WITH_NORMS})
+DESCRIPTIONS.update({s: DESCRIPTIONS[s.removesuffix(DERIVATIVES)] + "; GELUs / SiLUs keep their derivative, a linear "
+                     "input to the rules (DerivativeActivationConfig; a model with neither runs its base strategy)" for s in WITH_DERIVATIVES})
+
+
+def base_strategy(strategy: str) -> str:
+    """``strategy`` without its model changes (``+norms``, ``+derivatives``): the cache or checkpointing it runs."""
+    return strategy.removesuffix(DERIVATIVES).removesuffix(NORMS)
 
 
 @dataclass
@@ -118,8 +128,10 @@ COMPILE_MODES = ("", "inductor", "inductor-cudagraphs", "aot_eager")  # CacheBen
 def not_graphed(strategy: str) -> str | None:
     """Why a captured graph cannot replay ``strategy``'s step outside its cache (which refuses its own rules),
     or ``None``."""
-    if strategy.removesuffix(NORMS) == "sketch-d8":
+    if base_strategy(strategy) == "sketch-d8":
         return "the sketch draws its signs on the host, a replay would repeat them"
+    if strategy.endswith(DERIVATIVES):
+        return "its activations are swapped in for the capture only, a replay would run them after they are gone"
     if strategy.endswith(NORMS):
         return "its norms are swapped in for the capture only, a replay would read them after they are gone"
     return None

@@ -7,7 +7,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn as nn
 
-from actzip_bench.cache_config import NORMS, CacheBenchConfig
+from actzip_bench.cache_config import DERIVATIVES, NORMS, CacheBenchConfig, base_strategy
 from actzip_bench.cache_models import BenchModel
 
 
@@ -15,7 +15,7 @@ def strategy_rules(name: str, cfg: CacheBenchConfig):
     """The cache rules of strategy ``name`` (``None``: the strategy runs without a cache)."""
     from actzip.memory.cache import CacheConfig, default_rules, preset_rules
 
-    name = name.removesuffix(NORMS)
+    name = base_strategy(name)
     if name in ("none", "checkpoint", "sketch-d8"):
         return None
     if name == "sparse":
@@ -35,8 +35,9 @@ class Strategy:
         # a cache whose rules ask for each tensor's role (the lossy presets') tracks the roles itself
         self.cache = None if self.rules is None else \
             CacheContext(CacheConfig(fuse_compiled=cfg.fuse_compiled, graph_safe=cfg.graphs), rules=self.rules)
-        self.swap = (sketched, plain) if name.removesuffix(NORMS) == "sketch-d8" else None
-        self.norms = name.endswith(NORMS)
+        self.swap = (sketched, plain) if base_strategy(name) == "sketch-d8" else None
+        self.norms = name.removesuffix(DERIVATIVES).endswith(NORMS)
+        self.derivatives = name.endswith(DERIVATIVES)
         self.compiled_cudagraphs = cfg.compile == "inductor-cudagraphs"  # the compiled loss replays CUDA graphs
 
     def __enter__(self):
@@ -74,24 +75,38 @@ class Strategy:
 
     def prepared(self):
         """What the strategy changes in the model that takes longer than a step should pay for, done before
-        its timed step and undone after (the norms' swap and hooks), or nothing."""
-        return _norms_rebuilt(self.model.module, self.swap[0] if self.swap else None) if self.norms else nullcontext()
+        its timed step and undone after (the norms' swap and hooks, the activations keeping their derivative), or
+        nothing."""
+        if not (self.norms or self.derivatives):
+            return nullcontext()
+        return _model_changed(self.model.module, self.swap[0] if self.swap else None, self.norms, self.derivatives)
 
 
 @contextmanager
-def _norms_rebuilt(module: nn.Module, sketched: dict | None):
-    """``module`` with its norm outputs rebuilt in backward (``compress_(..., NormRebuildConfig())``), over the
-    sketched layers when the strategy sketches (so that the layers hooked are the ones that run)."""
+def _model_changed(module: nn.Module, sketched: dict | None, norms: bool, derivatives: bool):
+    """``module`` with its activations keeping their derivative (``compress_(..., DerivativeActivationConfig())``)
+    and its norm outputs rebuilt in backward (``NormRebuildConfig``), over the sketched layers when the strategy
+    sketches (so that the layers hooked are the ones that run); ``restore_`` undoes both after."""
     import actzip
-    from actzip.memory.modules import NormRebuildConfig
+    from actzip.errors import NothingToCompressError
+    from actzip.memory.modules import DerivativeActivationConfig, NormRebuildConfig
 
     if sketched:
         use_modules(module, sketched)
-    actzip.compress_(module, NormRebuildConfig())
+    changed = norms
+    if derivatives:
+        try:
+            actzip.compress_(module, DerivativeActivationConfig())
+            changed = True
+        except NothingToCompressError:  # no GELU or SiLU (the ReLU² GPT): the strategy's step is its base's
+            pass
+    if norms:
+        actzip.compress_(module, NormRebuildConfig())
     try:
         yield
     finally:
-        actzip.restore_(module)
+        if changed:
+            actzip.restore_(module)
 
 
 def use_modules(model: nn.Module, modules: dict[str, nn.Module]) -> None:

@@ -8,7 +8,7 @@ TARGETS = (
     ("peak_4bit_llama", ("balanced", "4bit", "4bit+norms"), ("llama-swiglu",), "4-bit: peak memory of the Llama-style model >= 30% lower"),
     ("time_4bit", ("balanced", "4bit", "4bit+norms"), None, "4-bit: step overhead <= 5%"),
     ("peak_sketch", ("sketch-d8", "sketch-d8+norms"), None, "sketch d/8: peak memory >= 25% lower (CompAct reports 25-30%)"),
-    ("cache_2bit_x", ("aggressive", "2bit", "2bit+norms"), None, "2-bit: activation cache vs ActNN's 12x (over fp32, ~6x over bf16)"),
+    ("cache_2bit_x", ("aggressive", "2bit", "2bit+norms", "2bit+derivatives", "2bit+norms+derivatives"), None, "2-bit: activation cache vs ActNN's 12x (over fp32, ~6x over bf16)"),
 )
 
 

@@ -88,12 +88,9 @@ def two_bit_roles(root: Path) -> str:
 BOUND_PROBE = "results/cpu/presets-2bit-bound"  # gelu-seedS.json: lossless, 2bit and 2bit with more roles at 2 bits
 
 
-def two_bit_probe(root: Path) -> str:
-    """Per preset of the probe's runs: bytes kept against ``lossless`` and the loss gaps, mean and range over the
-    seeds."""
-    recs = [rec for _, rec in load_folder(root, BOUND_PROBE)]
-    if not recs:
-        raise ConfigError(f"figure: {BOUND_PROBE} holds no run")
+def _gap_rows(recs: list[dict], folder: str) -> list[str]:
+    """A row per preset of ``recs`` (one record a seed, the same presets): bytes kept against the reference and
+    the loss gaps, mean and range over the seeds."""
     names = [r["preset"] for r in recs[0]["runs"] if r["preset"] != recs[0]["reference"]]
     lines = ["| preset | bytes kept, of the reference's | training loss gap | validation loss gap |",
              "|---|---:|---:|---:|"]
@@ -103,17 +100,78 @@ def two_bit_probe(root: Path) -> str:
             ref = next(r for r in rec["runs"] if r["preset"] == rec["reference"])
             run = next((r for r in rec["runs"] if r["preset"] == name), None)
             if run is None:
-                raise ConfigError(f"figure: a run in {BOUND_PROBE} lacks {name!r}")
+                raise ConfigError(f"figure: a run in {folder} lacks {name!r}")
             runs.append((run, run["saved_bytes_per_token"] / ref["saved_bytes_per_token"]))
         kept = sum(k for _, k in runs) / len(runs)
         lines.append(f"| `{name}` | {kept:.1%} | {mean_range(r['train_loss_gap'] for r, _ in runs)} | "
                      f"{mean_range(r['val_loss_gap'] for r, _ in runs)} |")
+    return lines
+
+
+def _about_runs(recs: list[dict], folder: str) -> str:
     c = recs[0]["config"]
     seeds = sorted(rec["config"]["seed"] for rec in recs)
+    model = "Llama (HF, SwiGLU)" if c["activation"] == "swiglu" else f"{c['activation']} GPT"
+    return (f"The {c['model']}-size {model}, {c['steps']} steps, {c['dtype']}, seeds {', '.join(map(str, seeds))}, "
+            f"each preset from the reference's (`{recs[0]['reference']}`) weights and batches; gaps as mean (lowest "
+            f"to highest) {cite(folder)}:")
+
+
+def two_bit_probe(root: Path) -> str:
+    """Per preset of the probe's runs: bytes kept against ``lossless`` and the loss gaps, mean and range over the
+    seeds."""
+    recs = [rec for _, rec in load_folder(root, BOUND_PROBE)]
+    return "\n".join([_about_runs(recs, BOUND_PROBE), "", *_gap_rows(recs, BOUND_PROBE)])
+
+
+DERIVATIVES_PROBE = "results/cpu/presets-derivatives"  # {gelu,swiglu}-seedS.json: lossless, 2bit, 2bit+derivatives
+
+
+def derivatives_probe(root: Path) -> str:
+    """``2bit`` with and without the activations keeping their derivative, per model family."""
+    recs = [rec for _, rec in load_folder(root, DERIVATIVES_PROBE)]
+    parts = []
+    for activation in sorted({rec["config"]["activation"] for rec in recs}):
+        mine = [rec for rec in recs if rec["config"]["activation"] == activation]
+        parts += [_about_runs(mine, DERIVATIVES_PROBE), "", *_gap_rows(mine, DERIVATIVES_PROBE), ""]
+    return "\n".join(parts).rstrip("\n")
+
+
+DERIVATIVES_124M = "results/cpu/cache-derivatives-124m.json"  # bench cache at 124M on the CPU: bytes only
+DERIVATIVE_STRATEGIES = ("2bit", "2bit+derivatives", "2bit+norms", "2bit+norms+derivatives")
+
+
+def derivatives_124m(root: Path) -> str:
+    """Per 124M model: the 2-bit strategies' ratio over bf16 with and without the activations keeping their
+    derivative (a CPU record: bytes only), beside the GPU record's ratios of the same strategies it has."""
+    rec, gpu = load(root, DERIVATIVES_124M), load(root, ROLES_GPU)
+    on_gpu = {m["model"]: {r["strategy"]: r["x_smaller"] for r in m["runs"]} for m in gpu["models"]}
+    lines = ["| model | " + " | ".join(f"`{s}`" for s in DERIVATIVE_STRATEGIES) + " |",
+             "|---|" + "---:|" * len(DERIVATIVE_STRATEGIES)]
+    best = (0.0, "", "")
+    for m in rec["models"]:
+        runs = {r["strategy"]: r for r in m["runs"]}
+        missing = [s for s in DERIVATIVE_STRATEGIES if s not in runs]
+        if missing:
+            raise ConfigError(f"figure: {DERIVATIVES_124M} has no {missing[0]!r} run of {m['model']}")
+        name = f"{MODEL_NAMES.get(m['model'], m['model'])} {m['params'] / 1e6:.0f}M"
+        cells = []
+        for s in DERIVATIVE_STRATEGIES:
+            x = runs[s]["x_smaller"]
+            best = max(best, (x, name, s))
+            there = on_gpu.get(m["model"], {}).get(s)
+            cells.append(f"{x:.2f}×" + (f" ({there:.2f}×)" if there is not None else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    c = rec["config"]
+    g = gpu["config"]
     return "\n".join([
-        f"The {c['model']}-size {c['activation']} GPT, {c['steps']} steps, {c['dtype']}, seeds "
-        f"{', '.join(map(str, seeds))}, each preset from the reference's (`{recs[0]['reference']}`) weights and "
-        f"batches; gaps as mean (lowest to highest) {cite(BOUND_PROBE)}:", "", *lines])
+        f"Smaller than bf16, the bytes autograd keeps at {c['batch_size']} x {c['seq_len']} tokens, {c['dtype']}, "
+        f"measured on the CPU ({rec['machine'].get('host_cpu', 'CPU')}: bytes only, no time or peak); in brackets "
+        f"the same strategy on the {gpu['machine']['gpu']} at {g['batch_size']} x {g['seq_len']} tokens where "
+        f"that record has it {cite(DERIVATIVES_124M, ROLES_GPU)}:", "", *lines, "",
+        f"The highest is {best[0]:.2f}× ({best[1]}, `{best[2]}`), "
+        + ("at or above" if best[0] >= ACTNN_BF16 else "below") + f" ActNN's {ACTNN_BF16:.1f}× over bf16."])
 
 
-RENDERERS = {"memory-2bit-roles": two_bit_roles, "memory-2bit-probe": two_bit_probe}
+RENDERERS = {"memory-2bit-roles": two_bit_roles, "memory-2bit-probe": two_bit_probe,
+             "memory-2bit-derivatives": derivatives_probe, "memory-2bit-derivatives-124m": derivatives_124m}

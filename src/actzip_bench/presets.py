@@ -25,15 +25,19 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+import actzip
 from actzip.errors import ConfigError
-from actzip_bench.data import Corpus
 from actzip.memory.cache import CacheConfig, CacheContext as ActivationCache, preset_rules
 from actzip.memory.cache.rules import count_only_rules
+from actzip.memory.modules import DerivativeActivationConfig
+from actzip_bench.data import Corpus
 from actzip_bench.models import GPT, GPTConfig
 
 SKETCH = "sketch-d8"  # the unbiased rank-d/8 sketch of every linear input but the head's
 NONE = "none"  # no cache: every activation kept by autograd as it is
 WARMUP = 3  # eager steps before a capture
+# after a preset's name: the model's activations keep their derivative for backward (DerivativeActivationConfig)
+DERIVATIVES = "+derivatives"
 
 
 @dataclass
@@ -42,7 +46,8 @@ class PresetBenchConfig:
     # GELU exercises the nonlinear-input rules; relu2 the sparse ones; swiglu: an HF LlamaForCausalLM of the GPT
     # preset's width, depth and sequence length, byte vocabulary, built from a local config
     activation: str = "gelu"
-    # preset names, each optionally with roles' treatments replaced: "2bit/attention=quant2-rn" (preset_spec)
+    # preset names, each optionally with roles' treatments replaced: "2bit/attention=quant2-rn" (preset_spec), and
+    # "+derivatives" after the name: the model's GELU / SiLU keep their derivative ("2bit+derivatives")
     presets: tuple[str, ...] = ("lossless", "conservative", "balanced", "aggressive")
     steps: int = 2000
     batch_size: int = 16
@@ -76,8 +81,12 @@ class PresetBenchConfig:
 
 def preset_spec(spec: str) -> tuple[str, dict[str, str]]:
     """``"2bit/attention=quant2-rn/norm=quant2-rn"``: preset ``2bit`` with those roles' treatments replaced (the
-    record keeps the whole spec as the run's name)."""
+    record keeps the whole spec as the run's name); a name ending in :data:`DERIVATIVES` is the preset's."""
     name, *overrides = spec.split("/")
+    if name.endswith(DERIVATIVES) and name.removesuffix(DERIVATIVES) in (SKETCH, NONE):
+        raise ConfigError(f"bench presets: {spec!r}: {DERIVATIVES} hands each derivative to the preset's rules, and "
+                          f"{name.removesuffix(DERIVATIVES)} has none")
+    name = name.removesuffix(DERIVATIVES)
     treatments = {}
     for item in overrides:
         role, sep, how = item.partition("=")
@@ -219,12 +228,17 @@ def run_presets(cfg: PresetBenchConfig, device: torch.device, progress=None) -> 
     runs = []
     for name in cfg.presets:
         base.load_state_dict(init)
-        plain = sketch_modules(base, 1 / 8)[1] if name == SKETCH else None
+        plain = sketch_modules(base, 1 / 8)[1] if preset_spec(name)[0] == SKETCH else None
+        derivatives = name.split("/")[0].endswith(DERIVATIVES)
+        if derivatives:
+            actzip.compress_(base, DerivativeActivationConfig())
         opt = adamw(base, cfg.lr, capturable=True) if cfg.graphs else make_opt()
         cache = _cache(name, cfg)
         losses, kept, before, per_step = _train(cfg, cache, loss_fn, opt, xs, ys, device, progress, name)
         if plain is not None:
             use_modules(base, plain)
+        if derivatives:
+            actzip.restore_(base)
         tail = losses[-50:]
         runs.append({
             "preset": name,

@@ -166,6 +166,37 @@ def test_norm_rebuilding_strategies_free_the_llama_norms_outputs_and_leave_the_m
     assert hooks(model.module) == hooks_at_build
 
 
+def test_derivative_strategies_keep_less_where_an_activation_takes_them_and_leave_the_model_as_it_was():
+    from actzip.memory.modules import DerivativeActivation
+    from actzip_bench.cache import run_model, with_quick
+    from actzip_bench.cache_config import base_strategy, not_graphed
+    from actzip_bench.data import Corpus
+
+    assert base_strategy("2bit+norms+derivatives") == "2bit" and base_strategy("2bit+derivatives") == "2bit"
+    assert "activations are swapped in" in not_graphed("2bit+derivatives")
+    corpus = None
+    for model_name, fewer in (("gpt-gelu", True), ("gpt-relu2", False)):  # ReLU²: nothing to take, its base's step
+        cfg = with_quick(CacheBenchConfig(models=(model_name,), strategies=("none", "2bit", "2bit+norms",
+                                                                              "2bit+derivatives",
+                                                                              "2bit+norms+derivatives")))
+        cfg = dataclasses.replace(cfg, rounds=1, warmup=0)
+        corpus = corpus or Corpus.from_stdlib(max_bytes=cfg.corpus_bytes)
+        import actzip_bench.cache as bench
+
+        built, real_build = [], bench.build_model
+        try:
+            bench.build_model = lambda *a, **k: built.append(real_build(*a, **k)) or built[-1]
+            rec = run_model(model_name, cfg, torch.device("cpu"), corpus)
+        finally:
+            bench.build_model = real_build
+        saved = {r["strategy"]: r["bytes_saved"] for r in rec["runs"]}
+        if fewer:
+            assert saved["2bit+derivatives"] < saved["2bit"] and saved["2bit+norms+derivatives"] < saved["2bit+norms"]
+        else:
+            assert saved["2bit+derivatives"] == saved["2bit"]
+        assert not any(isinstance(m, DerivativeActivation) for m in built[0].module.modules())  # undone after
+
+
 def test_the_cudagraphs_mode_compiles_with_reduce_overhead_and_marks_each_step(monkeypatch):
     """compile="inductor-cudagraphs": inductor with mode="reduce-overhead", and every step of a strategy first
     tells the CUDA graph trees that the step before's outputs are no longer read (the loss it returns is a copy)."""

@@ -67,3 +67,44 @@ def test_a_probe_run_lacking_a_preset_is_a_clear_error(tmp_path):
     _probe(tmp_path, 1, {"2bit": 0.02, "2bit/norm=quant2-rn": 0.2}, drop="2bit/norm=quant2-rn")
     with pytest.raises(ConfigError, match="lacks '2bit/norm=quant2-rn'"):
         figures.render("memory-2bit-probe", tmp_path)
+
+
+def test_the_derivatives_probe_groups_its_records_by_model_family(tmp_path):
+    from actzip_bench.figures_cache_roles import DERIVATIVES_PROBE, derivatives_probe
+
+    def record(activation, seed, gap):
+        runs = [{"preset": "lossless", "saved_bytes_per_token": 1000, "train_loss_gap": 0.0, "val_loss_gap": 0.0},
+                {"preset": "2bit", "saved_bytes_per_token": 200, "train_loss_gap": gap, "val_loss_gap": gap},
+                {"preset": "2bit+derivatives", "saved_bytes_per_token": 180, "train_loss_gap": 2 * gap,
+                 "val_loss_gap": gap}]
+        return {"reference": "lossless", "runs": runs,
+                "config": {"model": "tiny", "activation": activation, "steps": 2000, "dtype": "float32", "seed": seed}}
+
+    folder = tmp_path / DERIVATIVES_PROBE
+    folder.mkdir(parents=True)
+    for activation in ("gelu", "swiglu"):
+        for seed, gap in ((0, 0.01), (1, 0.03)):
+            (folder / f"{activation}-seed{seed}.json").write_text(json.dumps(record(activation, seed, gap)))
+    text = derivatives_probe(tmp_path)
+    assert "tiny-size gelu GPT" in text and "tiny-size Llama (HF, SwiGLU)" in text
+    assert text.count("| `2bit+derivatives` | 18.0% | +4.0% (+2.0% to +6.0%) | +2.0% (+1.0% to +3.0%) |") == 2
+    assert "seeds 0, 1" in text
+    rec = record("gelu", 2, 0.0)
+    rec["runs"] = rec["runs"][:2]
+    (folder / "gelu-seed2.json").write_text(json.dumps(rec))
+    with pytest.raises(ConfigError, match="lacks '2bit\\+derivatives'"):
+        derivatives_probe(tmp_path)
+
+
+def test_the_124m_derivatives_table_reads_each_strategy_s_ratio_and_the_gpu_s_beside_it():
+    from actzip_bench.figures_cache_roles import DERIVATIVE_STRATEGIES, DERIVATIVES_124M, derivatives_124m
+
+    repo = Path(__file__).resolve().parents[2]
+    text = derivatives_124m(repo)
+    rec = json.loads((repo / DERIVATIVES_124M).read_text())
+    for m in rec["models"]:
+        runs = {r["strategy"]: r["x_smaller"] for r in m["runs"]}
+        row = next(line for line in text.splitlines() if line.startswith("| ") and f"{m['params'] / 1e6:.0f}M" in line)
+        assert all(f"{runs[s]:.2f}×" in row for s in DERIVATIVE_STRATEGIES)
+        assert runs["2bit+derivatives"] > runs["2bit"] and runs["2bit+norms+derivatives"] > runs["2bit+norms"]
+    assert "(4.73×)" in text  # the H100's 2bit+norms, beside the CPU's

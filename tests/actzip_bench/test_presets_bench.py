@@ -66,9 +66,27 @@ def test_a_preset_may_replace_roles_treatments(tmp_path, monkeypatch):
 
     for bad, says in (("2bit/attention", "ROLE=TREATMENT"), ("2bit/attn=quant2-rn", "unknown role"),
                       ("2bit/norm=quant3-rn", "norm"), ("none/norm=quant2-rn", "no rules"),
-                      ("2bit/nonlinear_input=quant2-rn", "at least 4 bits")):
+                      ("2bit/nonlinear_input=quant2-rn", "at least 4 bits"), ("none+derivatives", "has none")):
         with pytest.raises(ConfigError, match=says):
             PresetBenchConfig(presets=("none", bad), steps=3)
+
+
+def test_derivatives_after_a_preset_keep_less_and_put_the_activations_back(tmp_path, monkeypatch):
+    """2bit+derivatives: the GELUs keep their derivative as a 2-bit linear input instead of a 4-bit nonlinear one;
+    the model's activations are back afterwards (the same run again gives the same losses)."""
+    import torch
+
+    from actzip_bench.presets import PresetBenchConfig, run_presets
+
+    monkeypatch.setenv("ACTZIP_CACHE_DIR", str(tmp_path))
+    cfg = PresetBenchConfig(presets=("lossless", "2bit", "2bit+derivatives", "2bit"), steps=3, batch_size=2,
+                            corpus_bytes=200_000, log_every=1)
+    runs = run_presets(cfg, torch.device("cpu"))["runs"]
+    assert [r["preset"] for r in runs] == ["lossless", "2bit", "2bit+derivatives", "2bit"]
+    assert runs[2]["saved_bytes_per_token"] < 0.97 * runs[1]["saved_bytes_per_token"]
+    assert runs[2]["dense_bytes_per_token"] == runs[1]["dense_bytes_per_token"]  # f'(x) is as large as x
+    assert runs[3]["train_loss"] == runs[1]["train_loss"] and runs[3]["saved_bytes_per_token"] == \
+        runs[1]["saved_bytes_per_token"]
 
 
 def test_the_seed_changes_weights_and_batches_and_is_recorded(tmp_path, monkeypatch):

@@ -206,7 +206,8 @@ def add_parsers(bench) -> None:
                     help="the reference GPT's MLP activation, or swiglu: a HuggingFace Llama of the same size")
     pb.add_argument("--presets", help="comma-separated (default lossless,conservative,balanced,aggressive; "
                     "also 4bit, 2bit, sketch-d8: rank-d/8 sketches of the linear inputs, and none: no cache); a preset "
-                    "may replace roles' treatments: 2bit/attention=quant2-rn/norm=quant2-rn")
+                    "may replace roles' treatments: 2bit/attention=quant2-rn/norm=quant2-rn, and a name ending in "
+                    "+derivatives runs with the GELUs / SiLUs keeping their derivative: 2bit+derivatives")
     pb.add_argument("--steps", type=int)
     pb.add_argument("--batch-size", type=int, dest="batch_size")
     pb.add_argument("--seed", type=int, help="initial weights and training batches (default 0)")

@@ -6,6 +6,9 @@
   one scale per row; :mod:`.norm_rebuild` rebuilds norm outputs and Mamba in-projections for the layers that read
   them; :mod:`.norm_rebuild_config`: :class:`NormRebuildConfig`, which does both on any model (and
   :class:`SparseMLPConfig` with its MLPs);
+- :mod:`.activation_derivative`: :class:`DerivativeActivation`, a GELU / SiLU keeping its derivative for backward
+  instead of its input (a linear input to the cache's rules); :mod:`.activation_derivative_config`:
+  :class:`DerivativeActivationConfig`, which swaps them in;
 - :mod:`.arena`: the preallocated device buffer those payloads can live in, and :class:`GraphedStep`;
 - :mod:`.fp8_linear`: :class:`Fp8Linear`, float8 matmuls in forward and backward (:class:`Fp8LinearConfig`);
 - :mod:`.sketched_linear`: :class:`SketchedLinear`, a random sketch of the input instead of the input
@@ -14,6 +17,8 @@
 
 from actzip import compat
 from actzip.api import CompressReport, compress_, restore_
+from actzip.memory.modules.activation_derivative import DerivativeActivation
+from actzip.memory.modules.activation_derivative_config import DerivativeActivationConfig
 from actzip.memory.modules.arena import Arena, GraphedStep
 from actzip.memory.modules.fp8_linear import Fp8Linear, Fp8LinearConfig
 from actzip.memory.modules.norm_rebuild_config import NormRebuildConfig
@@ -33,6 +38,8 @@ compat.MOVED_MODULES.update({
 
 __all__ = [
     "Arena",
+    "DerivativeActivation",
+    "DerivativeActivationConfig",
     "CompressReport",
     "ExactRMSNorm",
     "Fp8Linear",
