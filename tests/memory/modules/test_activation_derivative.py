@@ -30,6 +30,14 @@ def test_forward_is_the_same_bits_and_the_gradient_autograd_s_up_to_rounding(kin
     torch.testing.assert_close(x.grad, ref.grad, rtol=tol, atol=tol)
 
 
+def test_a_second_derivative_through_it_is_refused():
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(actzip.errors.ActzipError, match="second derivative"):
+        torch.autograd.grad(DerivativeActivation("gelu")(x).sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(DerivativeActivation("gelu")(x).sum(), x)  # a first derivative as ever
+    assert g.shape == x.shape
+
+
 def test_without_grad_or_a_cache_it_is_the_plain_activation():
     x = torch.randn(5, 8)
     with torch.no_grad():

@@ -7,7 +7,8 @@ nonlinear input changes ``f'`` in a way no unbiased code can undo). :class:`Deri
 it (stochastic rounding) gives an unbiased ``dx``, the guarantee the cache gives linear inputs. Inside an open
 ``actzip.cache`` the derivative goes through the cache's own rules as a ``linear_input`` (same codec, account and
 role plan as the rest of the step); outside one it is kept as it is. The forward is the activation's own call
-(the same bits); the gradient is ``dy * f'(x)`` with ``f'`` written out, equal to autograd's up to rounding.
+(the same bits); the gradient is ``dy * f'(x)`` with ``f'`` written out, equal to autograd's up to rounding. A
+second derivative through it (``create_graph=True``) is refused with an :class:`~actzip.errors.ActzipError`.
 
 Kinds (:data:`KINDS`): ``gelu`` (erf form), ``gelu_tanh`` (the tanh approximation) and ``silu``. Under
 ``torch.compile`` the module runs the plain activation (the compiled graph's saves go to the cache's compiled
@@ -22,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from actzip.errors import ConfigError
+from actzip.errors import ActzipError, ConfigError
 from actzip.memory.cache.active import current_cache
 from actzip.memory.cache.roles import assumed_role
 
@@ -79,6 +80,9 @@ class _KeepDerivative(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        if torch.is_grad_enabled():  # create_graph: dy * f'(x) holds no f'', a second derivative would be wrong
+            raise ActzipError("DerivativeActivation: a second derivative through it is not available (it keeps "
+                              "f'(x), not x); restore_ the model's activations to differentiate twice")
         d = ctx.saved_tensors[0] if ctx.stored is None else ctx.stored.get()
         ctx.stored = None
         return grad * d, None
