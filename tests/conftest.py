@@ -33,3 +33,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def sync_free_after_warmup():
+    """``check(step, warmup=3)``: ``step`` run ``warmup`` times (kernels compiled, roles tracked, decisions
+    remembered), then once more with any host synchronization on the GPU an error."""
+
+    def check(step, warmup: int = 3) -> None:
+        for _ in range(warmup):
+            step()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    return check

@@ -274,7 +274,7 @@ def test_the_2bit_preset_takes_linear_inputs_to_2_bits_and_the_rest_to_4():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("preset", ["4bit", "2bit", "conservative", "balanced", "aggressive"])
-def test_a_lossy_preset_trains_a_gpt_step_without_synchronizing_after_its_first_steps(preset):
+def test_a_lossy_preset_trains_a_gpt_step_without_synchronizing_after_its_first_steps(preset, sync_free_after_warmup):
     """Forward, backward and the optimizer's step of the reference GPT (GELU: no mostly-zero tensors) under a
     lossy preset, with the roles replayed: after a few steps nothing waits for the device."""
     from actzip_bench.models import GPT, GPTConfig
@@ -293,11 +293,4 @@ def test_a_lossy_preset_trains_a_gpt_step_without_synchronizing_after_its_first_
         opt.zero_grad(set_to_none=True)
         cache.history.clear()
 
-    for _ in range(3):  # kernels compiled, roles tracked once, decisions remembered
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    sync_free_after_warmup(step)

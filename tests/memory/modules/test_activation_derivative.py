@@ -163,7 +163,7 @@ def test_a_swiglu_llama_keeps_its_logits_and_trains_under_a_lossy_preset():
 
 
 @pytest.mark.cuda
-def test_a_2bit_gpt_step_with_kept_derivatives_does_not_synchronize_after_its_first_steps():
+def test_a_2bit_gpt_step_with_kept_derivatives_does_not_synchronize_after_its_first_steps(sync_free_after_warmup):
     """The derivative goes through the cache's Triton quant codes on the GPU, no host synchronization."""
     model = _tiny_gpt().cuda()
     actzip.compress_(model, DerivativeActivationConfig())
@@ -179,14 +179,7 @@ def test_a_2bit_gpt_step_with_kept_derivatives_does_not_synchronize_after_its_fi
         opt.zero_grad(set_to_none=True)
         cache.history.clear()
 
-    for _ in range(3):  # kernels compiled, roles tracked once, decisions remembered
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    sync_free_after_warmup(step)
     with cache:
         loss = _loss(model, idx)
     loss.backward()
