@@ -6,6 +6,11 @@ its host time) under: nothing, the role tracker, the cache with count-only rules
 Interleaved, median of 7 rounds of 30 forwards after warm-up; prints each variant's forward and the extra
 microseconds per save, and with ``--json`` writes them with the machine and code version.
 
+On CUDA also the same model's forward and backward captured whole as a CUDA graph, plain and under the 4bit cache
+(``graph_safe``), the way ``bench cache --graphs`` and ``bench presets --graphs`` train: the host's time per step
+is then the replay call alone, timed without a synchronize (and the replays' wall time with one), so its extra
+microseconds per save are what the cache costs the host in a graphed step.
+
 On the CPU the quant kernels' launches are stubbed out (Triton's interpreter is not a launch); on CUDA every
 kernel runs, launches included, and each round ends with a synchronize.
 
@@ -109,6 +114,7 @@ def main() -> None:
         rows.append({"variant": k, "forward_ms": ms, "forward_ms_rounds": v, "us_per_save": (ms - base) * 1e3 / saves})
         print(f"{k:26s} {ms:6.2f} ms per forward, +{(ms - base) * 1e3 / saves:5.1f} us per save ({saves} saves)")
     print(f"4bit: {replayed} steps replayed their roles, {misses} left the plan")
+    graphed = graphed_rows(model, x, y, saves) if device.type == "cuda" else []
     if args.json:
         record = {
             "command": " ".join(["python", *sys.argv]),
@@ -121,9 +127,63 @@ def main() -> None:
             "rounds": ROUNDS, "forwards_per_round": FORWARDS,
             "replayed_steps": replayed, "plan_misses": misses,
             "rows": rows,
+            "graphed_rows": graphed,
         }
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
+
+
+def graphed_rows(model, x, y, saves: int) -> list[dict]:
+    """The forward and backward captured as a CUDA graph, plain and under the 4bit cache: per replay, the host's
+    time in the replay call (no synchronize) and the wall time with one; the extra host microseconds per save."""
+    from actzip.memory.cache import cache
+
+    caches = {"plain, graphed": None, "4bit, graphed": cache("4bit", min_bytes=0, graph_safe=True)}
+
+    def step(c) -> None:  # forward under the cache (entered once a step), backward
+        with c if c is not None else contextlib.nullcontext():
+            loss = model(x, y)[1]
+        loss.backward()
+        if c is not None:
+            c.history.clear()
+
+    graphs = {}
+    for name, c in caches.items():
+        side = torch.cuda.Stream(x.device)
+        side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side):  # torch's warm-up before capture (roles tracked, kernels compiled)
+            for _ in range(WARMUP):
+                model.zero_grad(set_to_none=True)
+                step(c)
+        torch.cuda.current_stream(x.device).wait_stream(side)
+        model.zero_grad(set_to_none=True)  # the gradients are then made in the graph's memory
+        graphs[name] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[name]):
+            step(c)
+    host: dict[str, list[float]] = {k: [] for k in graphs}
+    wall: dict[str, list[float]] = {k: [] for k in graphs}
+    for _ in range(ROUNDS):  # interleaved
+        for name, graph in graphs.items():
+            for _ in range(WARMUP):
+                graph.replay()
+            torch.cuda.synchronize(x.device)
+            t0 = time.perf_counter()
+            for _ in range(FORWARDS):
+                graph.replay()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize(x.device)
+            t2 = time.perf_counter()
+            host[name].append((t1 - t0) / FORWARDS * 1e6)
+            wall[name].append((t2 - t0) / FORWARDS * 1e6)
+    base = sorted(host["plain, graphed"])[ROUNDS // 2]
+    rows = []
+    for name in graphs:
+        h, w = sorted(host[name])[ROUNDS // 2], sorted(wall[name])[ROUNDS // 2]
+        rows.append({"variant": name, "host_us_per_step": h, "host_us_rounds": host[name], "wall_us_per_step": w,
+                     "wall_us_rounds": wall[name], "host_us_per_save": (h - base) / saves})
+        print(f"{name:26s} host {h:7.1f} us per step (+{(h - base) / saves:5.2f} us per save), "
+              f"wall {w:7.1f} us per step")
+    return rows
 
 
 if __name__ == "__main__":
