@@ -40,6 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from actzip.codecs.dct import LEVELS
 from actzip.codecs.lossy import ROUNDINGS
 from actzip.errors import ConfigError
 from actzip.split import equal_keep_ratios, keep_ratios, shapley
@@ -99,6 +100,8 @@ class SplitSimConfig:
     switch_step: int | None = None
     # how dct and quant round their codes, both ways (actzip.split.uplink.Link.rounding): "stochastic" or "nearest"
     rounding: str = "stochastic"
+    # how dct codes its bands, both ways (actzip.split.uplink.Link.levels): "uniform" or "fitted"
+    levels: str = "uniform"
 
     def __post_init__(self) -> None:
         if self.dataset not in SUITES:
@@ -117,6 +120,9 @@ class SplitSimConfig:
             raise ConfigError(f"split sim: absent must be one of {ABSENT}, got {self.absent!r}")
         if self.rounding not in ROUNDINGS:
             raise ConfigError(f"split sim: rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
+        if self.levels not in LEVELS or (self.levels != "uniform" and self.compressor != "dct"):
+            raise ConfigError(f"split sim: levels must be one of {LEVELS} ('fitted' only with the dct compressor), "
+                              f"got {self.levels!r} with {self.compressor!r}")
         if self.switch_step is not None and (self.dataset != "synthetic" or not 0 < self.switch_step < self.steps):
             raise ConfigError(f"split sim: switch_step needs the synthetic suite and a step in (0, steps={self.steps}), "
                               f"got {self.switch_step} on {self.dataset!r}")
@@ -148,8 +154,8 @@ class _Split(nn.Module):
         self.sizes = [math.prod(s) for s in self.out_shapes]  # features sent per modality
         self.server = nn.Sequential(nn.Linear(sum(self.sizes), 128), nn.ReLU(), nn.Linear(128, classes))
 
-    def send(self, xs, ratios, compressor, seed, rounding="stochastic"):
-        return [send(enc(x), r, compressor, seed=seed * len(xs) + i, rounding=rounding)
+    def send(self, xs, ratios, compressor, seed, rounding="stochastic", levels="uniform"):
+        return [send(enc(x), r, compressor, seed=seed * len(xs) + i, rounding=rounding, levels=levels)
                 for i, (enc, x, r) in enumerate(zip(self.client, xs, ratios))]
 
     def serve(self, acts, present=None):
@@ -209,12 +215,14 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
             with torch.no_grad():
                 scoring_idx = torch.arange(pool, train) + offset(step)
                 sent = model.send([x[scoring_idx] for x in xs], scoring_ratios(cfg.score_at, ratios, sizes, budget),
-                                  cfg.compressor, (seed * 100_003 + step) * 7919, cfg.rounding)
+                                  cfg.compressor, (seed * 100_003 + step) * 7919, cfg.rounding,
+                                  cfg.levels)
             up += sum(s.uplink_bytes for s in sent)
             rescore(sent, y[scoring_idx], step)
             continue
         idx = torch.randint(0, pool, (cfg.batch,), generator=gen) + offset(step)
-        sent = model.send([x[idx] for x in xs], ratios, cfg.compressor, (seed * 100_003 + step) * 7919, cfg.rounding)
+        sent = model.send([x[idx] for x in xs], ratios, cfg.compressor, (seed * 100_003 + step) * 7919, cfg.rounding,
+                          cfg.levels)
         t0 = time.perf_counter()
         loss = F.cross_entropy(model.serve([s.view for s in sent]), y[idx])
         opt.zero_grad()
@@ -228,7 +236,7 @@ def _one(cfg: SplitSimConfig, policy: str, seed: int, suite: Suite) -> dict:
     with torch.no_grad():
         test = torch.arange(train, train + test) + offset(cfg.steps)
         views = [s.view for s in model.send([x[test] for x in xs], ratios, cfg.compressor, seed * 7919 + 7917,
-                                            cfg.rounding)]
+                                            cfg.rounding, cfg.levels)]
         acc = float((model.serve(views).argmax(1) == y[test]).float().mean())
     dense = cfg.batch * sum(sizes) * 2  # bf16 bytes a step
     return {"policy": policy, "compressor": cfg.compressor, "budget": cfg.compression, "seed": seed, "accuracy": acc,

@@ -214,3 +214,29 @@ def test_adaptive_bands_keep_the_cut_of_least_expected_error_and_spend_the_budge
     for bad in (4, 2.5, True):
         with pytest.raises(ConfigError, match="max_bands"):
             actzip.codecs.get("dct", bands=8, max_bands=bad)
+
+
+def test_fitted_levels_leave_less_error_at_a_bit_or_two_within_the_same_payload():
+    g = torch.Generator().manual_seed(5)
+    x = torch.relu(torch.randn(128, 8, 4, 8, generator=g))  # a convolutional client's feature maps
+    for bits, most in ((0.5, 0.95), (1.0, 0.8), (2.0, 0.5)):  # fitted's error at most this share of uniform's
+        errors = {}
+        for levels in ("uniform", "fitted"):
+            codec = actzip.codecs.get("dct", bits=bits, bands=8, max_bands=32, dims=2, group_size=256,
+                                      budget="payload", min_bands=1, rounding="nearest", levels=levels)
+            p = codec.encode(x)
+            assert p.nbytes <= bits * x.numel() / 8
+            y = codec.decode(p)
+            assert y.shape == x.shape and y.dtype == x.dtype
+            errors[levels] = ((y - x).square().sum() / x.square().sum()).item()
+            assert codec.options()["levels"] == levels
+        assert errors["fitted"] < most * errors["uniform"]
+    fitted = actzip.codecs.get("dct", bits=1.0, bands=8, levels="fitted")
+    p = fitted.encode(x.reshape(128, -1))
+    assert any(isinstance(b, dict) for b in p.meta["bands"])  # some band on the levels
+    assert any(k == 8 for k in actzip.codecs.get("dct", bits=7.0, bands=4, levels="fitted").encode(
+        x.reshape(128, -1)).meta["band_bits"])  # 8 bits stays on the uniform grid
+    with pytest.raises(ConfigError, match="levels"):
+        actzip.codecs.get("dct", levels="gaussian")
+    with pytest.raises(ConfigError, match="group_by='coefficient'"):
+        actzip.codecs.get("dct", levels="fitted", group_by="line")

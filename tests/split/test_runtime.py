@@ -295,3 +295,10 @@ def test_both_ends_build_their_links_with_the_config_s_rounding():
     assert SplitConfig(SIZES, compressor="dct").link(0, 0.2, 1, 3).rounding == "stochastic"
     with pytest.raises(ConfigError, match="rounding"):
         SplitConfig(SIZES, compressor="dct", rounding="up")
+
+
+def test_both_ends_build_their_links_with_the_config_s_levels():
+    assert SplitConfig(SIZES, compressor="dct", levels="fitted").link(0, 0.2, 1, 3).levels == "fitted"
+    assert SplitConfig(SIZES, compressor="dct").link(0, 0.2, 1, 3).levels == "uniform"
+    with pytest.raises(ConfigError, match="levels"):
+        SplitConfig(SIZES, compressor="random", levels="fitted")

@@ -136,3 +136,18 @@ def test_nearest_rounding_is_the_same_whatever_the_seed_both_ways(method):
 def test_an_unknown_rounding_is_refused_by_name():
     with pytest.raises(ConfigError, match="rounding"):
         send(acts(), 0.1, "dct", rounding="up")
+
+
+def test_fitted_levels_send_dct_s_payload_closer_both_ways():
+    a = acts()
+    fitted = send(a, 0.05, "dct", seed=1, levels="fitted")
+    uniform = send(a.detach(), 0.05, "dct", seed=1)
+    assert fitted.uplink_bytes <= 0.05 * a.numel() * 2  # within the keep-ratio's share of the bf16 payload
+    err = lambda v: float((v - a).norm() / a.norm())  # noqa: E731
+    assert err(fitted.view.detach()) < err(uniform.view)
+    fitted.view.square().sum().backward()  # the gradient comes back through the same codec
+    assert a.grad is not None and a.grad.shape == a.shape and fitted.downlink_bytes > 0
+    with pytest.raises(ConfigError, match="levels"):
+        send(acts(), 0.1, "topk", levels="fitted")
+    with pytest.raises(ConfigError, match="levels"):
+        send(acts(), 0.1, "dct", levels="lloyd")

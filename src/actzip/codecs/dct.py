@@ -25,10 +25,19 @@ holds at most ``bits * numel / 8`` bytes of buffers: what a link with a byte bud
 them: a budget that affords the lowest band then never sends nothing (:meth:`DCTCodec.least_bytes` is that band's
 cost).
 
-Guarantee: with stochastic rounding the decoded tensor is, in expectation, the tensor's projection onto the sent
-bands (unbiased there: the DCT is linear and orthonormal); the bands left out are the whole error of that
-expectation, their energy reported in ``meta["dropped_energy"]``. Every sent coefficient is within one quant step
-of its group's range (the ``quant`` codec's bound), and the orthonormal inverse keeps the error's energy.
+With ``levels="fitted"`` a band may instead be coded on the Lloyd–Max levels of a unit Gaussian at 1, 2 or 4
+bits, one least-squares scale a group (:mod:`actzip.codecs.gaussian_levels`): for each band and width the codec
+takes whichever of the two leaves less squared error, the uniform grid's by the model above, the levels' measured
+on the tensor (each coefficient's lines one group). At a bit or two a coefficient, the uniform grid's steps span
+the group's extremes and a zero-centred coefficient rounds far from most of its values; the fitted levels sit
+where the values are.
+
+Guarantee: with stochastic rounding and ``levels="uniform"`` the decoded tensor is, in expectation, the tensor's
+projection onto the sent bands (unbiased there: the DCT is linear and orthonormal); the bands left out are the
+whole error of that expectation, their energy reported in ``meta["dropped_energy"]``. Every sent coefficient is
+within one quant step of its group's range (the ``quant`` codec's bound), and the orthonormal inverse keeps the
+error's energy. A band on fitted levels is biased (nearest levels) and leaves each group at most its energy, the
+error of not sending it.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import math
 import torch
 
 from actzip.codecs.base import Codec
+from actzip.codecs.gaussian_levels import LEVEL_BITS, column_errors, decode_levels, encode_levels, levels_cost_bits
 from actzip.codecs.lossy import ROUNDINGS
 from actzip.codecs.quant import QuantCodec
 from actzip.core.checks import check_choice, check_group_size, check_seed
@@ -46,11 +56,12 @@ from actzip.core.payload import Payload
 from actzip.core.registry import register_codec
 from actzip.errors import ConfigError
 
-__all__ = ["BAND_BITS", "BUDGETS", "DCTCodec", "GROUPINGS", "allocate_bits", "dct", "frequency_order", "idct"]
+__all__ = ["BAND_BITS", "BUDGETS", "DCTCodec", "GROUPINGS", "LEVELS", "allocate_bits", "dct", "frequency_order", "idct"]
 
 BAND_BITS = (0, 1, 2, 4, 8)  # bits a coefficient a band may get (0: the band is not sent)
 BUDGETS = ("codes", "payload")  # what the average bits count: the codes only, or every byte of the payload
 GROUPINGS = ("coefficient", "line")  # what a quant group runs over: one coefficient's lines, or one line's band
+LEVELS = ("uniform", "fitted")  # a band's codes: the quant codec's min-max grid, or that or Gaussian levels
 
 
 def dct(x: torch.Tensor) -> torch.Tensor:
@@ -149,6 +160,9 @@ class DCTCodec(Codec):
       seed: seed of the stochastic rounding (``None`` means 0).
       budget: ``"codes"`` (``bits`` counts the codes) or ``"payload"`` (every byte of the payload's buffers).
       min_bands: the lowest bands sent at 1 bit or more whenever the budget affords them (0 to the bands).
+      levels: ``"uniform"`` (every band on the quant codec's min-max grid) or ``"fitted"`` (each band on that grid
+        or on a unit Gaussian's Lloyd–Max levels with one scale a group, whichever leaves less error; needs
+        ``group_by="coefficient"``).
     """
 
     lossless = False
@@ -158,7 +172,7 @@ class DCTCodec(Codec):
     def __init__(self, *, bits: float = 4.0, bands: int = 8, axis: int = -1, dims: int = 1,
                  group_size: int | None = None, rounding: str = "stochastic", seed: int | None = None,
                  budget: str = "codes", min_bands: int = 0, group_by: str = "coefficient",
-                 max_bands: int | None = None) -> None:  # fmt: skip
+                 max_bands: int | None = None, levels: str = "uniform") -> None:  # fmt: skip
         if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 < bits <= 8:
             raise ConfigError(f"dct: option bits must be a number in (0, 8] (average bits a coefficient), got {bits!r}")
         if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
@@ -176,11 +190,15 @@ class DCTCodec(Codec):
         if isinstance(min_bands, bool) or not isinstance(min_bands, int) or not 0 <= min_bands <= bands:
             raise ConfigError(f"dct: option min_bands must be an int in [0, bands={bands}], got {min_bands!r}")
         check_choice("dct", "group_by", group_by, GROUPINGS)
+        check_choice("dct", "levels", levels, LEVELS)
+        if levels == "fitted" and group_by != "coefficient":
+            raise ConfigError("dct: option levels='fitted' measures each coefficient's lines as one group; it needs "
+                              f"group_by='coefficient', got {group_by!r}")
         if max_bands is not None and (isinstance(max_bands, bool) or not isinstance(max_bands, int)
                                       or max_bands < bands):
             raise ConfigError(f"dct: option max_bands must be None or an int >= bands={bands}, got {max_bands!r}")
         check_seed("dct", seed)
-        self.group_by, self.max_bands = group_by, max_bands
+        self.group_by, self.max_bands, self.levels = group_by, max_bands, levels
         self.bits, self.bands, self.axis, self.rounding, self.seed = float(bits), bands, axis, rounding, seed
         self.dims, self.group_size, self.budget, self.min_bands = dims, group_size, budget, min_bands
         self._encodes = 0  # each encode draws its own rounding stream
@@ -188,7 +206,8 @@ class DCTCodec(Codec):
     def options(self) -> dict:
         return {"bits": self.bits, "bands": self.bands, "axis": self.axis, "dims": self.dims,
                 "group_size": self.group_size, "rounding": self.rounding, "seed": self.seed, "budget": self.budget,
-                "min_bands": self.min_bands, "group_by": self.group_by, "max_bands": self.max_bands}
+                "min_bands": self.min_bands, "group_by": self.group_by, "max_bands": self.max_bands,
+                "levels": self.levels}
 
     def _lines(self, x: torch.Tensor, name: str) -> tuple[torch.Tensor, int]:
         if x.dim() == 0:
@@ -269,20 +288,31 @@ class DCTCodec(Codec):
         cuts = self._cuts(math.prod(lines.shape[-self.dims:]))
         return min(-(-self._band_bits_cost(rows, e[1] - e[0], 1, work) // 8) for e in cuts)
 
-    def _allocate(self, stats: list, widths: list[int], rows: int, work: torch.dtype) -> tuple[list[int], float]:
-        """Bits a coefficient per band for one decomposition, and the expected squared error a line they leave."""
+    def _allocate(self, stats: list, widths: list[int], rows: int, work: torch.dtype,
+                  fitted: list | None = None) -> tuple[list[int], float, list[list[bool]]]:
+        """Bits a coefficient per band for one decomposition, the expected squared error a line they leave, and
+        per band and width whether the fitted levels code it. ``fitted``: per band, the mean squared error a
+        coefficient the levels leave at each of :data:`LEVEL_BITS`."""
         energy = [e for e, _ in stats]
         # a b-bit group's step is its span / (2**b - 1); stochastic rounding's error is f(1 - f) steps squared
         # (1/6 of a step squared on average), nearest's 1/12
         share = 1 / 6 if self.rounding == "stochastic" else 1 / 12
         errors = [[sq * share / (2**k - 1) ** 2 for k in BAND_BITS[1:]] for _, sq in stats]
-        costs = None
+        costs = [[float(k * w) for k in BAND_BITS[1:]] for w in widths]
         if self.budget == "payload":  # in bits a line, the unit of the budget bits * n
             costs = [[self._band_bits_cost(rows, w, k, work) / rows for k in BAND_BITS[1:]] for w in widths]
+        on_levels = [[False] * (len(BAND_BITS) - 1) for _ in widths]
+        for i, w in enumerate(widths if fitted is not None else []):
+            for j, k in enumerate(BAND_BITS[1:]):
+                if k in LEVEL_BITS and fitted[i][LEVEL_BITS.index(k)] < errors[i][j]:
+                    errors[i][j] = fitted[i][LEVEL_BITS.index(k)]
+                    on_levels[i][j] = True
+                    if self.budget == "payload":
+                        costs[i][j] = levels_cost_bits(rows * w, self._group(rows, w), k) / rows
         band_bits = allocate_bits(energy, widths, self.bits, errors, costs, self.min_bands)
         left = math.fsum(w * (e if k == 0 else err[BAND_BITS.index(k) - 1])
                          for w, e, err, k in zip(widths, energy, errors, band_bits))
-        return band_bits, left
+        return band_bits, left, on_levels
 
     def encode(self, x: torch.Tensor, *, name: str = "tensor") -> Payload:
         self.check(x, name)
@@ -293,19 +323,26 @@ class DCTCodec(Codec):
         cuts = self._cuts(n)
         parts = [self._band_stats(self._laid_out(c, a, b), self._group(rows, b - a))
                  for edges in cuts for a, b in zip(edges, edges[1:])]
-        flat_stats = torch.stack(parts).tolist()  # one sync for every decomposition
+        stacked = torch.stack(parts)
+        if self.levels == "fitted":  # each coefficient's error on the levels, in the same sync
+            stacked = torch.cat([stacked.reshape(-1), column_errors(c).reshape(-1)])
+        flat = stacked.reshape(-1).tolist()  # one sync for every decomposition
+        flat_stats = [flat[2 * i:2 * i + 2] for i in range(len(parts))]
+        columns = [flat[2 * len(parts) + j * n:2 * len(parts) + (j + 1) * n] for j in range(len(LEVEL_BITS))]
         if not all(math.isfinite(e) and math.isfinite(sq) for e, sq in flat_stats):
             raise ConfigError(f"dct: {name} has inf or NaN values")
         best = None
         for edges in cuts:
             stats, flat_stats = flat_stats[:len(edges) - 1], flat_stats[len(edges) - 1:]
             widths = [b - a for a, b in zip(edges, edges[1:])]
-            band_bits, left = self._allocate(stats, widths, rows, work)
+            fitted = None if self.levels != "fitted" else [
+                [math.fsum(col[a:b]) / (rows * (b - a)) for col in columns] for a, b in zip(edges, edges[1:])]
+            band_bits, left, on_levels = self._allocate(stats, widths, rows, work, fitted)
             # a cut that sends nothing loses to one that sends its forced lowest band (least_bytes' promise)
             key = (self.min_bands > 0 and not any(band_bits), left)
             if best is None or key < best[0]:
-                best = (key, edges, widths, [e for e, _ in stats], band_bits)
-        _, edges, widths, energy, band_bits = best
+                best = (key, edges, widths, [e for e, _ in stats], band_bits, on_levels)
+        _, edges, widths, energy, band_bits, on_levels = best
         seed = (0 if self.seed is None else self.seed) * 1_000_003 + self._encodes
         self._encodes += 1
         buffers, metas = {}, []
@@ -314,6 +351,12 @@ class DCTCodec(Codec):
                 metas.append(None)
                 continue
             band = self._laid_out(c, a, b).contiguous()
+            if on_levels[i][BAND_BITS.index(k) - 1]:
+                group = self._group(rows, b - a)
+                codes, scales = encode_levels(band, k, group)
+                buffers.update({f"b{i}_codes": codes, f"b{i}_scales": scales})
+                metas.append({"levels": k, "group": group})
+                continue
             q = QuantCodec(bits=k, group_size=self._group(rows, b - a), rounding=self.rounding, seed=seed + i,
                            kernel="torch")  # fmt: skip
             p = q.encode(band, name=f"{name} band {i}")
@@ -334,11 +377,16 @@ class DCTCodec(Codec):
         for i, (a, b, band) in enumerate(zip(m["edges"], m["edges"][1:], m["bands"])):
             if band is None:
                 continue
+            by_coefficient = m.get("group_by") == "coefficient"
+            shape = torch.Size((b - a, rows) if by_coefficient else (rows, b - a))
+            if isinstance(band, dict):  # fitted levels
+                band = decode_levels(p.buffers[f"b{i}_codes"], p.buffers[f"b{i}_scales"], shape.numel(),
+                                     band["levels"], band["group"], m["work"]).reshape(shape)
+                c[:, a:b] = band.t() if by_coefficient else band
+                continue
             options, meta = band
             q = QuantCodec(**options)
             bufs = {key.split("_", 1)[1]: t for key, t in p.buffers.items() if key.startswith(f"b{i}_")}
-            by_coefficient = m.get("group_by") == "coefficient"
-            shape = torch.Size((b - a, rows) if by_coefficient else (rows, b - a))
             band = q.decode(Payload(q.name, shape, m["work"], p.device, buffers=bufs, meta=meta))
             c[:, a:b] = band.t() if by_coefficient else band
         lines = self._inverse(c, m["lines_shape"], dims)

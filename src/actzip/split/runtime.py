@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from actzip.codecs.dct import LEVELS
 from actzip.codecs.lossy import ROUNDINGS
 from actzip.errors import ConfigError
 from actzip.split.allocation import equal_keep_ratios, keep_ratios
@@ -76,6 +77,8 @@ class SplitConfig:
     # how dct and quant round their codes, both ways (actzip.split.uplink.Link.rounding): "stochastic" (unbiased
     # on what they send) or "nearest" (biased, less noise)
     rounding: str = "stochastic"
+    # how dct codes its bands, both ways (actzip.split.uplink.Link.levels): "uniform" or "fitted"
+    levels: str = "uniform"
 
     def __post_init__(self) -> None:
         self.sizes = tuple(int(s) for s in self.sizes)
@@ -85,6 +88,9 @@ class SplitConfig:
             raise ConfigError(f"SplitConfig.compressor must be one of {COMPRESSORS}, got {self.compressor!r}")
         if self.rounding not in ROUNDINGS:
             raise ConfigError(f"SplitConfig.rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
+        if self.levels not in LEVELS or (self.levels != "uniform" and self.compressor != "dct"):
+            raise ConfigError(f"SplitConfig.levels must be one of {LEVELS} ('fitted' only with the dct "
+                              f"compressor), got {self.levels!r} with {self.compressor!r}")
         if self.policy not in SPLIT_POLICIES:
             raise ConfigError(f"SplitConfig.policy must be one of {SPLIT_POLICIES}, got {self.policy!r}")
         if not self.compression >= 1:
@@ -119,7 +125,7 @@ class SplitConfig:
 
     def link(self, modality: int, ratio: float, client: int, step: int) -> Link:
         seed = ((self.seed * 1_000_003 + client) * 1_000_003 + step) * len(self.sizes) + modality
-        return Link(self.compressor, ratio, seed % (1 << 62), self.value_bits, self.rounding)
+        return Link(self.compressor, ratio, seed % (1 << 62), self.value_bits, self.rounding, self.levels)
 
 
 def scoring_ratios(score_at: str, current: Sequence[float], sizes: Sequence[float], budget: float) -> list[float]:

@@ -21,7 +21,9 @@ spends them its own way (:data:`COMPRESSORS`):
 
 ``dct`` and ``quant`` round their codes stochastically by default (unbiased on what they send);
 ``Link(rounding="nearest")`` rounds to nearest both ways: biased, with half the error variance, which at a fraction
-of a bit a value can train better than the unbiased noise.
+of a bit a value can train better than the unbiased noise. ``Link(levels="fitted")`` lets ``dct`` code each band
+on a unit Gaussian's Lloyd–Max levels with one scale a group where that leaves less error than the min-max grid
+(the codec's ``levels`` option), both ways.
 
 Activations are ``[batch, ...]``: ``dct`` takes them as they are (a convolutional client's feature maps: the
 2-D DCT of each ``[height, width]`` plane of a ``[batch, channels, height, width]`` tensor, the 1-D DCT along
@@ -47,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from actzip import codecs
+from actzip.codecs.dct import LEVELS
 from actzip.codecs.lossy import ROUNDINGS
 from actzip.core.payload import Payload
 from actzip.errors import ConfigError
@@ -75,12 +78,18 @@ class Link:
     # how dct and quant round their codes (ROUNDINGS): "stochastic" (unbiased on what they send) or "nearest"
     # (biased, half the error variance: at a fraction of a bit a value the noise can cost more than the bias)
     rounding: str = "stochastic"
+    # how dct codes its bands (actzip.codecs.dct.LEVELS): "uniform" (the min-max grid) or "fitted" (that or a
+    # unit Gaussian's Lloyd-Max levels, whichever leaves less error); dct's alone
+    levels: str = "uniform"
 
     def __post_init__(self) -> None:
         if self.method not in COMPRESSORS:
             raise ConfigError(f"split uplink: compressor must be one of {COMPRESSORS}, got {self.method!r}")
         if self.rounding not in ROUNDINGS:
             raise ConfigError(f"split uplink: rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
+        if self.levels not in LEVELS or (self.levels != "uniform" and self.method != "dct"):
+            raise ConfigError(f"split uplink: levels must be one of {LEVELS} ('fitted' only with the dct "
+                              f"compressor), got {self.levels!r} with {self.method!r}")
         if not (0 <= self.ratio <= 1) or not math.isfinite(self.ratio):
             raise ConfigError(f"split uplink: keep-ratio must be in [0, 1], got {self.ratio}")
 
@@ -118,7 +127,8 @@ def _left_out(link: Link, width: int) -> "Packed":
     return Packed()
 
 
-def _codec(method: str, bits: float, shape: tuple[int, ...], seed: int, rounding: str = "stochastic"):
+def _codec(method: str, bits: float, shape: tuple[int, ...], seed: int, rounding: str = "stochastic",
+           levels: str = "uniform"):
     """The codec of ``method`` at ``bits`` for wire tensors of ``shape``: ``dct`` over each feature map's plane
     (``[batch, channels, height, width]``) or along the last axis, its bands' ranges shared by
     :data:`DCT_GROUP` coefficients, ``bits`` counting its whole payload; ``quant`` one group a sample."""
@@ -126,7 +136,8 @@ def _codec(method: str, bits: float, shape: tuple[int, ...], seed: int, rounding
         dims = 2 if len(shape) >= 4 else 1
         n = math.prod(shape[-dims:])
         return codecs.get("dct", bits=bits, bands=min(DCT_BANDS, n), max_bands=min(DCT_MAX_BANDS, n), dims=dims,
-                          group_size=DCT_GROUP, budget="payload", min_bands=1, seed=seed, rounding=rounding)
+                          group_size=DCT_GROUP, budget="payload", min_bands=1, seed=seed, rounding=rounding,
+                          levels=levels)
     return codecs.get("quant", bits=int(bits), group_size=-(-shape[-1] // 8) * 8, seed=seed, rounding=rounding)
 
 
@@ -186,7 +197,7 @@ def pack(a: torch.Tensor, link: Link) -> Packed:
     budget = link.ratio * a.numel() * link.value_bits / 8
     if link.method == "dct":
         bits = min(8.0, (budget - DCT_HEADER) * 8 / a.numel())
-        codec = _codec("dct", bits, tuple(a.shape), link.seed, link.rounding) if bits > 0 else None
+        codec = _codec("dct", bits, tuple(a.shape), link.seed, link.rounding, link.levels) if bits > 0 else None
         if codec is None or codec.least_bytes(tuple(a.shape)) + DCT_HEADER > budget:
             return _left_out(link, width)
         payload = codec.encode(a.contiguous(), name="uplink activations")  # at most bits * numel / 8 bytes
@@ -221,7 +232,7 @@ def unpack(items: dict, link: Link, shape: tuple[int, ...], dtype: torch.dtype, 
         view = torch.zeros(wshape, dtype=dtype, device=device)
         return view.scatter(1, idx, items["values"].to(device=device, dtype=dtype)).reshape(shape), idx
     bits = float(items["bits"][0]) if link.method == "dct" else _QUANT_BITS[int(items["bits"][0])]
-    codec = _codec(link.method, bits, wshape, link.seed, link.rounding)
+    codec = _codec(link.method, bits, wshape, link.seed, link.rounding, link.levels)
     return codec.decode(items["payload"]).to(device=device, dtype=dtype).reshape(shape), codec
 
 
@@ -282,10 +293,10 @@ class _Link(torch.autograd.Function):
 
 
 def send(a: torch.Tensor, ratio: float, method: str, *, seed: int = 0, value_bits: int = 16,
-         rounding: str = "stochastic") -> Sent:
+         rounding: str = "stochastic", levels: str = "uniform") -> Sent:
     """``a`` (``[batch, ...]``) through :func:`pack` and :func:`unpack` in one process: the server's view, which
     autograd links back to ``a`` by the compressor's downlink rule, and the bytes each way."""
-    link = Link(method, ratio, seed, value_bits, rounding)
+    link = Link(method, ratio, seed, value_bits, rounding, levels)
     packed = pack(a, link)
     view, kept = unpack(packed.items, link, tuple(a.shape), a.dtype, a.device)
     sent = Sent(uplink_bytes=float(item_bytes(packed.items)))

@@ -78,6 +78,9 @@ def add_parsers(bench) -> None:
                     "carries the class and the sensor is silent (training and test samples after the switch)")
     sb.add_argument("--rounding", help="how dct and quant round their codes, both ways: stochastic (default: unbiased "
                     "on what they send) or nearest (biased, less noise)")
+    sb.add_argument("--levels", help="how dct codes its bands, both ways: uniform (default: the min-max grid) or "
+                    "fitted (that or a unit Gaussian's Lloyd-Max levels with one scale a group, whichever leaves less "
+                    "error)")
     sb.add_argument("--steps", type=int)
     sb.add_argument("--refresh", type=int, help="steps between ModalShare's score refreshes")
     sb.add_argument("--explore", type=float, help="share of its equal keep-ratio every modality keeps under the "
