@@ -309,6 +309,41 @@ def dct_rounding(root: Path) -> str:
     return "\n".join(lines)
 
 
+DCT_FITTED = "results/cpu/split-dct-fitted"  # dct on fitted levels, nearest rounding both ways, equal keep-ratios
+
+
+def dct_levels(root: Path) -> str:
+    """SL-FAC's bands on fitted Gaussian levels (:data:`DCT_FITTED`) against its min-max grid with nearest rounding
+    (:data:`DCT_NEAREST`) and against top-k, equal keep-ratios, on each data set and compression."""
+    lines = ["| data set | compression | topk | dct, nearest | dct, fitted levels | fitted − nearest | fitted − topk |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    grids = {"synthetic": GRID, **DATASET_GRIDS}
+    moves, leads, n = [], [], 0
+    recs = [load(root, f"{DCT_FITTED}/{path.name}") for path in sorted((root / DCT_FITTED).glob("*.json"))]
+    for rec in sorted(recs, key=lambda r: (r["config"]["dataset"], r["config"]["compression"])):
+        c = rec["config"]
+        if c.get("levels") != "fitted" or c.get("rounding") != "nearest":
+            raise ConfigError(f"figure: a record in {DCT_FITTED} is not fitted levels with nearest rounding")
+        topk = _grid(root, grids[c["dataset"]])[("topk", c["compression"])]["mean_accuracy"]["equal"]
+        nearest = load(root, f"{DCT_NEAREST}/{c['dataset']}-dct-{c['compression']:g}.json")
+        fitted = rec["mean_accuracy"]["equal"]
+        moves.append(fitted - nearest["mean_accuracy"]["equal"])
+        leads.append((c["compression"], c["dataset"], fitted - topk))
+        n = len(c["seeds"])
+        lines.append(f"| {c['dataset']} | {c['compression']:g}x | {topk:.1%} | {_acc(nearest, 'equal')} | "
+                     f"{_acc(rec, 'equal')} | {moves[-1] * 100:+.1f} | {leads[-1][2] * 100:+.1f} |")
+    if not moves:
+        raise ConfigError(f"figure: no records in {DCT_FITTED}")
+    high = [(d, lead) for x, d, lead in leads if x >= 32]
+    lines += ["", f"Equal keep-ratios, test accuracy, mean of {n} seeds (lowest–highest for the two `dct` columns), "
+              "each grid's protocol; `topk` is the grids' own record, `dct, nearest` the rounding run's above. "
+              f"Fitted levels against the min-max grid: {min(moves) * 100:+.1f} to {max(moves) * 100:+.1f} points "
+              f"over {len(moves)} cells ({sum(m > 0 for m in moves)} above); at the highest compression against "
+              "`topk`: " + ", ".join(f"{d} {lead * 100:+.1f}" for d, lead in sorted(high))
+              + f" (`{DCT_FITTED}/`, `{DCT_NEAREST}/`, the grids' directories)."]
+    return "\n".join(lines)
+
+
 SWITCH = "results/cpu/split-switch"  # the synthetic grid's protocol with a mid-training switch (--switch-step)
 _POLICY_NAMES = {"equal": "equal", "equal-payload": "equal payload", "gradient-norm": "gradient norm",
                  "std": "SplitFC-style std", "modalshare": "ModalShare"}
@@ -357,6 +392,6 @@ RENDERERS = {"split-modalshare": modalshare, "split-policies": policy_grid, "spl
              "split-heldout-equal-share": heldout_at_equal_shares,
              "split-heldout-raised-share": heldout_at_raised_shares,
              "split-uncompressed": against_uncompressed,
-             "split-dct-rounding": dct_rounding,
+             "split-dct-rounding": dct_rounding, "split-dct-levels": dct_levels,
              **{f"split-policies-{name}": _for(policy_grid, grid) for name, grid in DATASET_GRIDS.items()},
              **{f"split-codecs-{name}": _for(codec_grid, grid) for name, grid in DATASET_GRIDS.items()}}

@@ -119,3 +119,24 @@ def test_the_rounding_table_has_a_row_per_record_in_order_and_compares_with_the_
     (tmp_path / DCT_NEAREST).mkdir(parents=True)
     with pytest.raises(ConfigError, match="no records"):
         dct_rounding(tmp_path)
+
+
+def test_the_levels_table_sets_each_fitted_record_against_nearest_and_topk(tmp_path):
+    from actzip_bench.figures_split import DCT_FITTED, dct_levels
+
+    text = dct_levels(REPO)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "%" in line]
+    assert len(rows) == len(list((REPO / DCT_FITTED).glob("*.json")))
+    rec = json.loads((REPO / DCT_FITTED / "digits-dct-32.json").read_text())
+    assert rec["config"]["levels"] == "fitted" and rec["config"]["rounding"] == "nearest"
+    topk = json.loads((REPO / "results/cpu/split-digits/topk-32.json").read_text())["mean_accuracy"]["equal"]
+    lead = (rec["mean_accuracy"]["equal"] - topk) * 100
+    assert any(line.startswith("| digits | 32x |") and line.endswith(f"| {lead:+.1f} |") for line in rows)
+    folder = tmp_path / DCT_FITTED
+    folder.mkdir(parents=True)
+    with pytest.raises(ConfigError, match="no records"):
+        dct_levels(tmp_path)
+    rec["config"]["levels"] = "uniform"  # a record of another setting is not read as this one
+    (folder / "digits-dct-32.json").write_text(json.dumps(rec))
+    with pytest.raises(ConfigError, match="not fitted levels"):
+        dct_levels(tmp_path)
