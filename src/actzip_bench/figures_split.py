@@ -278,6 +278,22 @@ def against_uncompressed(root: Path) -> str:
 DCT_NEAREST = "results/cpu/split-dct-nearest"  # dct with nearest rounding both ways, equal keep-ratios
 
 
+def _dct_cells(root: Path, folder: str) -> list[dict]:
+    """The records of one of the dct runs' folders, by data set and then compression."""
+    recs = [load(root, f"{folder}/{path.name}") for path in sorted((root / folder).glob("*.json"))]
+    if not recs:
+        raise ConfigError(f"figure: no records in {folder}")
+    return sorted(recs, key=lambda r: (r["config"]["dataset"], r["config"]["compression"]))
+
+
+def _moved(moves: list[float], leads: list[tuple]) -> str:
+    """The range of a dct run's moves over its cells, and its leads over ``topk`` at the highest compression."""
+    high = sorted((d, lead) for x, d, lead in leads if x >= 32)
+    return (f"{min(moves) * 100:+.1f} to {max(moves) * 100:+.1f} points over {len(moves)} cells "
+            f"({sum(m > 0 for m in moves)} above); at the highest compression against `topk`: "
+            + ", ".join(f"{d} {lead * 100:+.1f}" for d, lead in high))
+
+
 def dct_rounding(root: Path) -> str:
     """SL-FAC's codes rounded stochastically (the grids) and to nearest (:data:`DCT_NEAREST`), against top-k and
     uniform quantization at the same payloads, equal keep-ratios, on each data set and compression."""
@@ -285,8 +301,7 @@ def dct_rounding(root: Path) -> str:
              "nearest − topk |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     grids = {"synthetic": GRID, **DATASET_GRIDS}
     moves, leads, n = [], [], 0
-    recs = [load(root, f"{DCT_NEAREST}/{path.name}") for path in sorted((root / DCT_NEAREST).glob("*.json"))]
-    for rec in sorted(recs, key=lambda r: (r["config"]["dataset"], r["config"]["compression"])):
+    for rec in _dct_cells(root, DCT_NEAREST):
         c = rec["config"]
         grid = _grid(root, grids[c["dataset"]])
         x = c["compression"]
@@ -297,15 +312,9 @@ def dct_rounding(root: Path) -> str:
         n = len(c["seeds"])
         lines.append(f"| {c['dataset']} | {x:g}x | {mean('topk'):.1%} | {mean('quant'):.1%} | {_acc(grid[('dct', x)], 'equal')} "
                      f"| {_acc(rec, 'equal')} | {moves[-1] * 100:+.1f} | {leads[-1][2] * 100:+.1f} |")
-    if not moves:
-        raise ConfigError(f"figure: no records in {DCT_NEAREST}")
-    high = [(d, lead) for x, d, lead in leads if x >= 32]
     lines += ["", f"Equal keep-ratios, test accuracy, mean of {n} seeds (lowest–highest for the two `dct` columns), "
               "each grid's protocol; `topk`, `quant` and stochastic `dct` are the grids' own records. Nearest "
-              f"rounding against stochastic: {min(moves) * 100:+.1f} to {max(moves) * 100:+.1f} points over "
-              f"{len(moves)} cells ({sum(m > 0 for m in moves)} above); at the highest compression against `topk`: "
-              + ", ".join(f"{d} {lead * 100:+.1f}" for d, lead in sorted(high))
-              + f" (`{DCT_NEAREST}/`, the grids' directories)."]
+              f"rounding against stochastic: {_moved(moves, leads)} (`{DCT_NEAREST}/`, the grids' directories)."]
     return "\n".join(lines)
 
 
@@ -319,8 +328,7 @@ def dct_levels(root: Path) -> str:
              "|---|---:|---:|---:|---:|---:|---:|"]
     grids = {"synthetic": GRID, **DATASET_GRIDS}
     moves, leads, n = [], [], 0
-    recs = [load(root, f"{DCT_FITTED}/{path.name}") for path in sorted((root / DCT_FITTED).glob("*.json"))]
-    for rec in sorted(recs, key=lambda r: (r["config"]["dataset"], r["config"]["compression"])):
+    for rec in _dct_cells(root, DCT_FITTED):
         c = rec["config"]
         if c.get("levels") != "fitted" or c.get("rounding") != "nearest":
             raise ConfigError(f"figure: a record in {DCT_FITTED} is not fitted levels with nearest rounding")
@@ -332,15 +340,10 @@ def dct_levels(root: Path) -> str:
         n = len(c["seeds"])
         lines.append(f"| {c['dataset']} | {c['compression']:g}x | {topk:.1%} | {_acc(nearest, 'equal')} | "
                      f"{_acc(rec, 'equal')} | {moves[-1] * 100:+.1f} | {leads[-1][2] * 100:+.1f} |")
-    if not moves:
-        raise ConfigError(f"figure: no records in {DCT_FITTED}")
-    high = [(d, lead) for x, d, lead in leads if x >= 32]
     lines += ["", f"Equal keep-ratios, test accuracy, mean of {n} seeds (lowest–highest for the two `dct` columns), "
               "each grid's protocol; `topk` is the grids' own record, `dct, nearest` the rounding run's above. "
-              f"Fitted levels against the min-max grid: {min(moves) * 100:+.1f} to {max(moves) * 100:+.1f} points "
-              f"over {len(moves)} cells ({sum(m > 0 for m in moves)} above); at the highest compression against "
-              "`topk`: " + ", ".join(f"{d} {lead * 100:+.1f}" for d, lead in sorted(high))
-              + f" (`{DCT_FITTED}/`, `{DCT_NEAREST}/`, the grids' directories)."]
+              f"Fitted levels against the min-max grid: {_moved(moves, leads)} (`{DCT_FITTED}/`, `{DCT_NEAREST}/`, "
+              "the grids' directories)."]
     return "\n".join(lines)
 
 
