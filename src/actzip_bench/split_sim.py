@@ -40,13 +40,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from actzip.codecs.dct import LEVELS
 from actzip.codecs.lossy import ROUNDINGS
 from actzip.errors import ConfigError
 from actzip.split import equal_keep_ratios, keep_ratios, shapley
 from actzip.split.coalitions import ABSENT, coalition_values
 from actzip.split.runtime import SCORE_AT, SCORE_ON, scoring_ratios
-from actzip.split.uplink import COMPRESSORS, least_ratio, send
+from actzip.split.uplink import COMPRESSORS, check_levels, least_ratio, send
 from actzip_bench.data.multimodal import MultimodalConfig
 from actzip_bench.split_suites import CLIENTS, SUITES, Suite, load_suite
 
@@ -120,9 +119,7 @@ class SplitSimConfig:
             raise ConfigError(f"split sim: absent must be one of {ABSENT}, got {self.absent!r}")
         if self.rounding not in ROUNDINGS:
             raise ConfigError(f"split sim: rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
-        if self.levels not in LEVELS or (self.levels != "uniform" and self.compressor != "dct"):
-            raise ConfigError(f"split sim: levels must be one of {LEVELS} ('fitted' only with the dct compressor), "
-                              f"got {self.levels!r} with {self.compressor!r}")
+        check_levels("split sim: levels", self.levels, self.compressor)
         if self.switch_step is not None and (self.dataset != "synthetic" or not 0 < self.switch_step < self.steps):
             raise ConfigError(f"split sim: switch_step needs the synthetic suite and a step in (0, steps={self.steps}), "
                               f"got {self.switch_step} on {self.dataset!r}")

@@ -382,12 +382,11 @@ class DCTCodec(Codec):
             if isinstance(band, dict):  # fitted levels
                 band = decode_levels(p.buffers[f"b{i}_codes"], p.buffers[f"b{i}_scales"], shape.numel(),
                                      band["levels"], band["group"], m["work"]).reshape(shape)
-                c[:, a:b] = band.t() if by_coefficient else band
-                continue
-            options, meta = band
-            q = QuantCodec(**options)
-            bufs = {key.split("_", 1)[1]: t for key, t in p.buffers.items() if key.startswith(f"b{i}_")}
-            band = q.decode(Payload(q.name, shape, m["work"], p.device, buffers=bufs, meta=meta))
+            else:
+                options, meta = band
+                q = QuantCodec(**options)
+                bufs = {key.split("_", 1)[1]: t for key, t in p.buffers.items() if key.startswith(f"b{i}_")}
+                band = q.decode(Payload(q.name, shape, m["work"], p.device, buffers=bufs, meta=meta))
             c[:, a:b] = band.t() if by_coefficient else band
         lines = self._inverse(c, m["lines_shape"], dims)
         return (lines if dims == 2 else lines.movedim(-1, m["axis"])).to(p.dtype).contiguous()

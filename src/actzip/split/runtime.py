@@ -33,13 +33,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from actzip.codecs.dct import LEVELS
 from actzip.codecs.lossy import ROUNDINGS
 from actzip.errors import ConfigError
 from actzip.split.allocation import equal_keep_ratios, keep_ratios
 from actzip.split.coalitions import ABSENT, coalition_values
 from actzip.split.shapley import shapley
-from actzip.split.uplink import COMPRESSORS, Link, least_ratio, pack, pack_grad, unpack, unpack_grad
+from actzip.split.uplink import COMPRESSORS, Link, check_levels, least_ratio, pack, pack_grad, unpack, unpack_grad
 
 __all__ = ["SCORE_AT", "SCORE_ON", "SPLIT_POLICIES", "SplitClient", "SplitConfig", "SplitServer", "fed_average",
            "scoring_ratios"]
@@ -88,9 +87,7 @@ class SplitConfig:
             raise ConfigError(f"SplitConfig.compressor must be one of {COMPRESSORS}, got {self.compressor!r}")
         if self.rounding not in ROUNDINGS:
             raise ConfigError(f"SplitConfig.rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
-        if self.levels not in LEVELS or (self.levels != "uniform" and self.compressor != "dct"):
-            raise ConfigError(f"SplitConfig.levels must be one of {LEVELS} ('fitted' only with the dct "
-                              f"compressor), got {self.levels!r} with {self.compressor!r}")
+        check_levels("SplitConfig.levels", self.levels, self.compressor)
         if self.policy not in SPLIT_POLICIES:
             raise ConfigError(f"SplitConfig.policy must be one of {SPLIT_POLICIES}, got {self.policy!r}")
         if not self.compression >= 1:

@@ -55,7 +55,7 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.kernels.runtime import record_fallback
 
-__all__ = ["COMPRESSORS", "DCT_BANDS", "DCT_GROUP", "DCT_MAX_BANDS", "DCT_HEADER", "Link", "Packed", "Sent", "item_bytes", "least_ratio", "pack",
+__all__ = ["COMPRESSORS", "DCT_BANDS", "DCT_GROUP", "DCT_MAX_BANDS", "DCT_HEADER", "Link", "Packed", "check_levels", "Sent", "item_bytes", "least_ratio", "pack",
            "pack_grad", "send", "unpack", "unpack_grad"]
 
 COMPRESSORS = ("random", "topk", "dct", "quant")
@@ -87,11 +87,17 @@ class Link:
             raise ConfigError(f"split uplink: compressor must be one of {COMPRESSORS}, got {self.method!r}")
         if self.rounding not in ROUNDINGS:
             raise ConfigError(f"split uplink: rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
-        if self.levels not in LEVELS or (self.levels != "uniform" and self.method != "dct"):
-            raise ConfigError(f"split uplink: levels must be one of {LEVELS} ('fitted' only with the dct "
-                              f"compressor), got {self.levels!r} with {self.method!r}")
+        check_levels("split uplink: levels", self.levels, self.method)
         if not (0 <= self.ratio <= 1) or not math.isfinite(self.ratio):
             raise ConfigError(f"split uplink: keep-ratio must be in [0, 1], got {self.ratio}")
+
+
+def check_levels(where: str, levels: str, compressor: str) -> None:
+    """Refuse, naming ``where``, a ``levels`` that is not one of :data:`~actzip.codecs.dct.LEVELS` or is
+    ``"fitted"`` for a compressor other than ``dct`` (whose option it is)."""
+    if levels not in LEVELS or (levels != "uniform" and compressor != "dct"):
+        raise ConfigError(f"{where} must be one of {LEVELS} ('fitted' only with the dct compressor), got "
+                          f"{levels!r} with {compressor!r}")
 
 
 @dataclass
