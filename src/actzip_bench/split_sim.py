@@ -49,7 +49,7 @@ from actzip.split.uplink import COMPRESSORS, check_levels, least_ratio, send
 from actzip_bench.data.multimodal import MultimodalConfig
 from actzip_bench.split_suites import CLIENTS, SUITES, Suite, load_suite
 
-__all__ = ["POLICIES", "READ_THE_BATCH", "SplitSimConfig", "run_split_sim"]
+__all__ = ["POLICIES", "READ_THE_BATCH", "SplitSimConfig", "client_encoder", "run_split_sim"]
 
 POLICIES = ("equal", "equal-payload", "gradient-norm", "std", "modalshare")
 READ_THE_BATCH = ("gradient-norm", "std", "modalshare")  # policies whose scores depend on the batch they score
@@ -133,7 +133,7 @@ class SplitSimConfig:
             raise ConfigError(f"split sim: unknown policies {sorted(unknown)}; known: {list(POLICIES)}")
 
 
-def _encoder(shape: tuple[int, ...], width: int, client: str, channels: int) -> nn.Module:
+def client_encoder(shape: tuple[int, ...], width: int, client: str, channels: int) -> nn.Module:
     """One modality's client layers for samples of ``shape``."""
     if client == "conv" and len(shape) == 3:  # [C, H, W] -> [channels, H, W]
         return nn.Sequential(nn.Conv2d(shape[0], channels, 3, padding=1), nn.ReLU())
@@ -145,7 +145,7 @@ def _encoder(shape: tuple[int, ...], width: int, client: str, channels: int) -> 
 class _Split(nn.Module):
     def __init__(self, shapes, widths, classes, client="linear", channels=8):
         super().__init__()
-        self.client = nn.ModuleList(_encoder(s, w, client, channels) for s, w in zip(shapes, widths))
+        self.client = nn.ModuleList(client_encoder(s, w, client, channels) for s, w in zip(shapes, widths))
         with torch.no_grad():
             self.out_shapes = [tuple(enc(torch.zeros(1, *s)).shape[1:]) for enc, s in zip(self.client, shapes)]
         self.sizes = [math.prod(s) for s in self.out_shapes]  # features sent per modality

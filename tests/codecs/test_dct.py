@@ -240,3 +240,35 @@ def test_fitted_levels_leave_less_error_at_a_bit_or_two_within_the_same_payload(
         actzip.codecs.get("dct", levels="gaussian")
     with pytest.raises(ConfigError, match="group_by='coefficient'"):
         actzip.codecs.get("dct", levels="fitted", group_by="line")
+
+
+@pytest.mark.parametrize("shape, options", [
+    ((256, 256), dict(bits=0.7, max_bands=64, budget="payload", min_bands=1)),
+    ((32, 8, 8, 8), dict(bits=1.5, max_bands=64, dims=2, budget="payload", min_bands=1, levels="fitted")),
+    ((32, 40), dict(bits=3.0, bands=4, group_by="line")),
+    ((16, 12, 20), dict(bits=2.0, bands=4, axis=1, levels="fitted", rounding="nearest")),
+    ((24, 64), dict(bits=0.5, bands=2, max_bands=8, dtype=torch.float64)),
+])
+def test_a_payload_rebuilt_from_its_buffers_and_side_information_decodes_the_same(shape, options):
+    options = dict(options)
+    dtype = options.pop("dtype", torch.float32)
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * torch.linspace(3, 0.1, shape[-1],
+                                                                             dtype=torch.float64)).to(dtype)
+    sender, receiver = actzip.codecs.get("dct", **options), actzip.codecs.get("dct", **options)
+    p = sender.encode(x)
+    side = sender.side_info(p)
+    assert 1 < len(side) <= sender.side_bytes(shape) and all(0 <= v < 256 for v in side)
+    padded = torch.tensor(side + [0] * (sender.side_bytes(shape) - len(side)), dtype=torch.uint8)
+    rebuilt = receiver.rebuild(padded, p.buffers, shape, dtype, "cpu")
+    assert torch.equal(receiver.decode(rebuilt), sender.decode(p))
+    assert rebuilt.meta["band_bits"] == p.meta["band_bits"] and rebuilt.meta["edges"] == p.meta["edges"]
+
+
+def test_side_information_that_does_not_fit_is_refused():
+    c = actzip.codecs.get("dct", bits=2.0, bands=4, max_bands=8)
+    p = c.encode(torch.randn(16, 32))
+    side = c.side_info(p)
+    for bad in ([9, *side[1:]], side[:-1], [side[0], *side[1:-1], 3], side + [1], [side[0], 17, *side[2:]]):
+        with pytest.raises(ConfigError, match="side information"):
+            c.rebuild(bad, p.buffers, (16, 32), torch.float32, "cpu")

@@ -38,6 +38,12 @@ whole error of that expectation, their energy reported in ``meta["dropped_energy
 within one quant step of its group's range (the ``quant`` codec's bound), and the orthonormal inverse keeps the
 error's energy. A band on fitted levels is biased (nearest levels) and leaves each group at most its energy, the
 error of not sending it.
+
+Besides its buffers, a payload holds what the encoder chose: the decomposition kept and each band's bits and
+coder. That is its side information (:meth:`DCTCodec.side_info`: a byte, and a byte a band, at most
+:meth:`DCTCodec.side_bytes`); a receiver with the same options that knows the tensor's shape and dtype rebuilds
+the payload from the buffers and it (:meth:`DCTCodec.rebuild`), so a link carries these bytes and not the
+payload's whole metadata.
 """
 
 from __future__ import annotations
@@ -366,6 +372,57 @@ class DCTCodec(Codec):
         return Payload(self.name, x.shape, x.dtype, x.device, buffers=buffers,
                        meta={"axis": axis, "dims": self.dims, "edges": edges, "band_bits": band_bits, "bands": metas,
                              "lines_shape": tuple(lines.shape), "work": work, "dropped_energy": dropped,
+                             "group_by": self.group_by})
+
+    def side_info(self, payload: Payload) -> list[int]:
+        """What a receiver that has this codec (the same options) and knows the tensor's shape and dtype needs,
+        besides the payload's buffers, to decode it (:meth:`rebuild`): the decomposition kept (its index among
+        those tried), then one code a band: 0 (not sent), its bits on the min-max grid, or 16 plus its bits on
+        the fitted levels. One byte each, at most :meth:`side_bytes`."""
+        m = self._own(payload).meta
+        cut = next(i for i, e in enumerate(self._cuts(m["edges"][-1])) if e == list(m["edges"]))
+        return [cut, *(0 if band is None else 16 + k if isinstance(band, dict) else k
+                       for k, band in zip(m["band_bits"], m["bands"]))]
+
+    def side_bytes(self, shape: tuple[int, ...]) -> int:
+        """The most bytes :meth:`side_info` takes for a tensor of ``shape``: one, and one a band of the finest
+        decomposition tried."""
+        lines, _ = self._lines(torch.empty(shape, device="meta"), "tensor")
+        return len(self._cuts(math.prod(lines.shape[-self.dims:]))[-1])
+
+    def rebuild(self, side, buffers: dict, shape: tuple[int, ...], dtype: torch.dtype, device) -> Payload:
+        """The payload of ``buffers`` and their :meth:`side_info` (a sequence of ints or a uint8 tensor) for a
+        tensor of ``shape`` and ``dtype``: what :meth:`encode` made, to :meth:`decode` (``dropped_energy`` is not
+        sent: ``None``); trailing zeros past the bands (a side padded to :meth:`side_bytes`) are ignored. Side
+        information that does not fit this codec and shape is an error."""
+        lines, axis = self._lines(torch.empty(shape, dtype=dtype, device="meta"), "tensor")
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        rows, n = math.prod(lines.shape[:-self.dims]), math.prod(lines.shape[-self.dims:])
+        cuts = self._cuts(n)
+        side = [int(v) for v in (side.tolist() if isinstance(side, torch.Tensor) else side)]
+        used = len(cuts[side[0]]) if side and 0 <= side[0] < len(cuts) else 0
+        side, padding = side[:used], side[used:]
+        codes = [c - 16 if c >= 16 else c for c in side[1:]]
+        if (not used or len(side) < used or any(padding) or any(k not in BAND_BITS for k in codes)
+                or any(c >= 16 and (self.levels != "fitted" or c - 16 not in LEVEL_BITS) for c in side[1:])):
+            raise ConfigError(f"dct: side information {side} does not fit this codec and a tensor of shape "
+                              f"{tuple(shape)} (decompositions of {[len(c) - 1 for c in cuts]} bands)")
+        edges, metas = cuts[side[0]], []
+        for a, b, code in zip(edges, edges[1:], side[1:]):
+            if code == 0:
+                metas.append(None)
+                continue
+            group = self._group(rows, b - a)
+            if code >= 16:
+                metas.append({"levels": code - 16, "group": group})
+                continue
+            q = QuantCodec(bits=code, group_size=group, rounding=self.rounding, kernel="torch")
+            band = torch.empty((b - a, rows) if self.group_by == "coefficient" else (rows, b - a), dtype=work,
+                               device="meta")
+            metas.append((q.options(), q.payload_layout(band)[1]))
+        return Payload(self.name, torch.Size(shape), dtype, torch.device(device), buffers=dict(buffers),
+                       meta={"axis": axis, "dims": self.dims, "edges": edges, "band_bits": codes, "bands": metas,
+                             "lines_shape": tuple(lines.shape), "work": work, "dropped_energy": None,
                              "group_by": self.group_by})
 
     def decode(self, payload: Payload) -> torch.Tensor:

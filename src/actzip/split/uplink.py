@@ -12,7 +12,9 @@ spends them its own way (:data:`COMPRESSORS`):
 - ``dct``: SL-FAC, the :mod:`actzip.codecs.dct` codec (over each feature map's plane, or along the last axis,
   cut into :data:`DCT_BANDS` bands or, where the expected error is less, finer up to :data:`DCT_MAX_BANDS`;
   each coefficient's ranges its own) with the whole budget as its payload budget (``budget="payload"``: codes,
-  padding and ranges), less the 8 bytes that name its bits; its lowest band is always sent when the budget
+  padding and ranges), less the 8 bytes that name its bits and the room for its side information (which
+  decomposition and which bits each band got: a byte, and a byte a band of the finest decomposition, at most
+  65); its lowest band is always sent when the budget
   affords it at 1 bit (``min_bands=1``), so a modality at its least ratio carries its spectrum's lowest band
   and not an empty payload. The gradient goes back through the same codec at the same bits (both directions,
   as SL-FAC);
@@ -37,7 +39,9 @@ Four steps, each a function, make the wire form (:class:`~actzip.split.runtime` 
 wire transport): :func:`pack` (client: items to send, and what it keeps to read the gradient), :func:`unpack`
 (server: the dense view), :func:`pack_grad` (server: the gradient's items), :func:`unpack_grad` (client: the
 gradient of its activations). :func:`send` chains them in one process for a simulation, with autograd carrying
-the gradient. Bytes are the items' own (tensor bytes, ``Payload.nbytes``).
+the gradient. Items are plain tensors: a codec's payload goes as its buffers (and, for ``dct``, its side
+information as a uint8 tensor), which the other end rebuilds into the payload from the link and the shape, so the
+transport describes a few named tensors and not a codec's whole metadata. Bytes are the items' own.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.kernels.runtime import record_fallback
 
-__all__ = ["COMPRESSORS", "DCT_BANDS", "DCT_GROUP", "DCT_MAX_BANDS", "DCT_HEADER", "Link", "Packed", "check_levels", "Sent", "item_bytes", "least_ratio", "pack",
+__all__ = ["COMPRESSORS", "DCT_BANDS", "DCT_GROUP", "DCT_MAX_BANDS", "DCT_HEADER", "Link", "Packed", "SIDE", "check_levels", "Sent", "item_bytes", "least_ratio", "pack",
            "pack_grad", "send", "unpack", "unpack_grad"]
 
 COMPRESSORS = ("random", "topk", "dct", "quant")
@@ -63,6 +67,7 @@ DCT_BANDS = 8  # dct: bands a line or plane is cut into (fewer where it has fewe
 DCT_MAX_BANDS = 64  # dct: the finest cut it may adapt to (bands doubled while the expected error falls)
 DCT_GROUP = 256  # dct: coefficients of a band sharing one range (two float32: a quarter bit a coefficient)
 DCT_HEADER = 8  # dct: bytes naming the codec's bits (float64), so the server's gradient codec is the client's
+SIDE = "side"  # dct: the item of its side information (DCTCodec.side_info), a byte each
 _QUANT_BITS = (8, 4, 2, 1)
 _FITTED: dict[tuple, int] = {}  # (ratio, shape, value bits) -> index of the quant bits that last fitted
 
@@ -104,7 +109,7 @@ def check_levels(where: str, levels: str, compressor: str) -> None:
 class Packed:
     """The client's side of one step: the items sent, and what it keeps to read the gradient."""
 
-    items: dict = field(default_factory=dict)  # name -> tensor or Payload; empty: the modality is left out
+    items: dict = field(default_factory=dict)  # name -> tensor; empty: the modality is left out
     keep: object = None  # the random mask, the top-k indices or the codec
 
 
@@ -166,7 +171,8 @@ def least_ratio(method: str, shape: tuple[int, ...], value_bits: int = 16) -> fl
         per = value_bits // 8 + torch.empty(0, dtype=_index_dtype(width)).element_size()
         need = batch * per * 8 / dense_bits
     elif method == "dct":
-        need = (_codec(method, 1.0, shape, 0).least_bytes(shape) + DCT_HEADER) * 8 / dense_bits
+        probe = _codec(method, 1.0, shape, 0)
+        need = (probe.least_bytes(shape) + DCT_HEADER + probe.side_bytes(shape)) * 8 / dense_bits
     else:
         sample = torch.randn(_wire_shape(shape, method), generator=torch.Generator().manual_seed(0))
         probe = _codec(method, _QUANT_BITS[-1], tuple(sample.shape), 0)
@@ -202,12 +208,13 @@ def pack(a: torch.Tensor, link: Link) -> Packed:
         return Packed({"values": a.gather(1, idx).to(wire), "index": idx.to(_index_dtype(width))}, idx)
     budget = link.ratio * a.numel() * link.value_bits / 8
     if link.method == "dct":
-        bits = min(8.0, (budget - DCT_HEADER) * 8 / a.numel())
+        side = _codec("dct", 1.0, tuple(a.shape), 0).side_bytes(tuple(a.shape))
+        bits = min(8.0, (budget - DCT_HEADER - side) * 8 / a.numel())
         codec = _codec("dct", bits, tuple(a.shape), link.seed, link.rounding, link.levels) if bits > 0 else None
-        if codec is None or codec.least_bytes(tuple(a.shape)) + DCT_HEADER > budget:
+        if codec is None or codec.least_bytes(tuple(a.shape)) + DCT_HEADER + side > budget:
             return _left_out(link, width)
         payload = codec.encode(a.contiguous(), name="uplink activations")  # at most bits * numel / 8 bytes
-        return Packed({"payload": payload, "bits": torch.tensor([bits], dtype=torch.float64)}, codec)
+        return Packed({**_wire_items(codec, payload), "bits": torch.tensor([bits], dtype=torch.float64)}, codec)
     key = (link.ratio, tuple(a.shape), link.value_bits)
     top = next((i for i, b in enumerate(_QUANT_BITS) if b <= link.ratio * link.value_bits), len(_QUANT_BITS))
     for i in range(max(_FITTED.get(key, top), top), len(_QUANT_BITS)):
@@ -215,7 +222,7 @@ def pack(a: torch.Tensor, link: Link) -> Packed:
         payload = codec.encode(a.contiguous(), name="uplink activations")
         if payload.nbytes + 1 <= budget:  # and one byte: which bits of the grid
             _FITTED[key] = i
-            return Packed({"payload": payload, "bits": torch.tensor([i], dtype=torch.uint8)}, codec)
+            return Packed({**_wire_items(codec, payload), "bits": torch.tensor([i], dtype=torch.uint8)}, codec)
     return _left_out(link, width)
 
 
@@ -239,7 +246,8 @@ def unpack(items: dict, link: Link, shape: tuple[int, ...], dtype: torch.dtype, 
         return view.scatter(1, idx, items["values"].to(device=device, dtype=dtype)).reshape(shape), idx
     bits = float(items["bits"][0]) if link.method == "dct" else _QUANT_BITS[int(items["bits"][0])]
     codec = _codec(link.method, bits, wshape, link.seed, link.rounding, link.levels)
-    return codec.decode(items["payload"]).to(device=device, dtype=dtype).reshape(shape), codec
+    payload = _payload_of(codec, items, wshape, dtype, device)
+    return codec.decode(payload).to(device=device, dtype=dtype).reshape(shape), codec
 
 
 def pack_grad(g: torch.Tensor, link: Link, kept) -> dict:
@@ -253,7 +261,7 @@ def pack_grad(g: torch.Tensor, link: Link, kept) -> dict:
         return {"values": values.to(wire)}
     if link.method == "topk":
         return {"values": g.gather(1, kept).to(wire)}
-    return {"payload": kept.encode(g.contiguous(), name="downlink gradient")}
+    return _wire_items(kept, kept.encode(g.contiguous(), name="downlink gradient"))
 
 
 def unpack_grad(items: dict, link: Link, packed: Packed, shape, dtype, device) -> torch.Tensor | None:
@@ -270,7 +278,31 @@ def unpack_grad(items: dict, link: Link, packed: Packed, shape, dtype, device) -
     if link.method == "topk":
         g = torch.zeros(wshape, dtype=dtype, device=device).scatter(1, packed.keep, items["values"].to(dtype))
         return g.reshape(shape)
-    return packed.keep.decode(items["payload"]).to(device=device, dtype=dtype).reshape(shape)
+    payload = _payload_of(packed.keep, items, wshape, dtype, device)
+    return packed.keep.decode(payload).to(device=device, dtype=dtype).reshape(shape)
+
+
+def _wire_items(codec, payload: Payload) -> dict:
+    """A codec's payload as the tensors that travel: its buffers, and ``dct``'s side information padded to its
+    most bytes (what the budget keeps for it: the same bytes whichever decomposition won)."""
+    items = dict(payload.buffers)
+    if codec.name == "dct":
+        side = codec.side_info(payload)
+        side += [0] * (codec.side_bytes(tuple(payload.shape)) - len(side))
+        items[SIDE] = torch.tensor(side, dtype=torch.uint8)
+    return items
+
+
+def _payload_of(codec, items: dict, shape: tuple[int, ...], dtype: torch.dtype, device) -> Payload:
+    """The payload :func:`_wire_items` sent of a tensor of ``shape`` and ``dtype`` (both ends' activations and
+    gradients share a dtype): ``dct``'s rebuilt from its side information, ``quant``'s from its layout, which the
+    shape alone sets."""
+    names = [k for k in items if k not in ("bits", SIDE)]
+    buffers = {k: items[k].to(device) for k in names}
+    if codec.name == "dct":
+        return codec.rebuild(items[SIDE], buffers, shape, dtype, device)
+    _, meta = codec.payload_layout(torch.empty(shape, dtype=dtype, device="meta"))
+    return Payload(codec.name, torch.Size(shape), dtype, torch.device(device), buffers=buffers, meta=meta)
 
 
 @dataclass

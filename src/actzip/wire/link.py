@@ -240,8 +240,8 @@ def _shape_egress(ns: str, ifname: str, link: LinkSpec, qdisc: str | None) -> No
             ["delay", f"{link.latency_ms:g}ms"] if link.latency_ms > 0 else [])
         if shape:
             _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "netem", *shape, "limit", "100000"])
-    elif bw is not None:  # tbf: a bucket of a few milliseconds at the rate, a queue that drops nothing
-        burst = max(64_000, int(bw * 1e6 / 8 * 0.004))
+    elif bw is not None:  # tbf: a bucket of 4 ms at the rate (a few packets at least), a queue that drops nothing
+        burst = max(4_000, int(bw * 1e6 / 8 * 0.004))
         _run(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "tbf", "rate", f"{bw:g}mbit",
               "burst", str(burst), "limit", str(64 * 2**20)])
 

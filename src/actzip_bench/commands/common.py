@@ -10,7 +10,8 @@ from actzip.errors import ConfigError
 
 # Options given as comma-separated lists on the command line, and the type of their items.
 LIST_OPTIONS = {"strategies": str, "seq_lens": int, "presets": str, "methods": str, "compressors": str, "policies": str,
-                "bandwidths": float, "stage_lr_scale": float, "tasks": str, "seeds": int, "shaped_link": float}
+                "bandwidths": float, "stage_lr_scale": float, "tasks": str, "seeds": int, "shaped_link": float,
+                "cells": str}
 
 
 def config_from_args(cls, args: argparse.Namespace):

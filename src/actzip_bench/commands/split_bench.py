@@ -1,5 +1,6 @@
 """``actzip bench split``: keep-ratio policies for a split-learning client's modalities under one uplink budget,
-simulated in one process on the synthetic multimodal suite."""
+simulated in one process on the synthetic multimodal suite; ``actzip bench split-link``: the split-learning
+runtime as processes over a real shaped link, against the link model."""
 
 from __future__ import annotations
 
@@ -54,8 +55,47 @@ def _bench_split(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_split_link(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from actzip.errors import ConfigError
+    from actzip.wire.link import netns_unavailable_reason, shaping_qdisc
+    from actzip_bench.harness import machine_record
+    from actzip_bench.split_link import SplitLinkConfig, run_split_link
+
+    cfg = config_from_args(SplitLinkConfig, args)  # the options first: a bad one is named wherever it runs
+    why = netns_unavailable_reason(shaped=True)
+    if why is not None:
+        raise ConfigError(f"bench split-link needs a shaped link: {why}")
+    console = Console()
+    t0 = time.perf_counter()
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("running", total=2 * len(cfg.cells))
+        record = run_split_link(cfg, progress=lambda done: bar.update(task, advance=1, description=done))
+    table = Table(title=f"split learning, {cfg.clients} client(s) served in turn, {cfg.policy} keep-ratios, "
+                        f"{cfg.link} ({shaping_qdisc()}), median of {cfg.steps} steps")
+    for col in ("cell", "up kB", "down kB", "unshaped ms", "measured ms", "model ms", "model vs measured",
+                "speedup vs dense"):
+        table.add_column(col, justify="right")
+    for r in record["rows"]:
+        speedup = f"{r['speedup_vs_dense']:.2f}x" if r["speedup_vs_dense"] is not None else "-"
+        table.add_row(r["cell"], f"{r['up_bytes'] / 1e3:.1f}", f"{r['down_bytes'] / 1e3:.1f}",
+                      f"{1e3 * r['unshaped_step_s']:.1f}", f"{1e3 * r['measured_step_s']:.1f}",
+                      f"{1e3 * r['model_step_s']:.1f}", f"{r['model_error']:+.1%}", speedup)
+    console.print(table)
+    record.update({"shaping": shaping_qdisc(), "wall_s": time.perf_counter() - t0,
+                   "machine": machine_record(torch.device("cpu")), "command": command_line(args)})
+    write_json(record, args.json, console)
+    return 0
+
+
 def add_parsers(bench) -> None:
-    """Add ``split`` to ``actzip bench``."""
+    """Add ``split`` and ``split-link`` to ``actzip bench``."""
     sb = bench.add_parser("split", help="split learning: keep-ratio policies at one budget under one compressor")
     sb.add_argument("--compression", type=float, help="the modalities' dense bf16 payload / the payload sent")
     sb.add_argument("--compressor", help="random, topk, dct (SL-FAC) or quant (default random)")
@@ -90,3 +130,16 @@ def add_parsers(bench) -> None:
                     help="random, topk and dct at 5x, one seed, 200 steps, in one record (a few minutes on 2 cores)")
     sb.add_argument("--json", help="write the record here")
     sb.set_defaults(func=_bench_split)
+    sl = bench.add_parser("split-link", help="the split-learning runtime as processes over a real shaped link, "
+                          "measured against the link model (root)")
+    sl.add_argument("--cells", help="comma-separated compressor:compression or dense (default: dense,quant:2,"
+                    "quant:4,topk:5,topk:20,dct:20)")
+    sl.add_argument("--policy", help="equal (default) or modalshare")
+    sl.add_argument("--clients", type=int, help="client processes, served in turn (default 1)")
+    sl.add_argument("--bandwidth-mbps", type=float, help="every node's uplink rate in Mbit/s (default 10)")
+    sl.add_argument("--latency-ms", type=float, help="one-way latency in ms, added in software (default 20)")
+    sl.add_argument("--batch", type=int, help="samples a client step (default 256)")
+    sl.add_argument("--steps", type=int, help="timed steps, after the warm-up (default 20)")
+    sl.add_argument("--warmup", type=int, help="steps before the timing (default 3)")
+    sl.add_argument("--json", help="write the record here")
+    sl.set_defaults(func=_bench_split_link)

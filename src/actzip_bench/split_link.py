@@ -1,0 +1,245 @@
+"""``actzip bench split-link``: the split-learning runtime as processes over a real shaped link, its step time
+against the link model's.
+
+One server (:class:`~actzip.split.SplitServer`, rank 0) and ``clients`` clients (:class:`~actzip.split.SplitClient`,
+ranks 1..), each a process in a network namespace of its own on one switch (:class:`~actzip.wire.link.NetnsMesh`),
+every node's uplink shaped to ``bandwidth_mbps`` with ``tc tbf`` and ``latency_ms`` added in software, train on
+the synthetic multimodal suite (linear encoders on the clients, the sim's head on the server) through gloo. The
+server serves its clients in turn. For each cell the same run goes twice: through the mesh unshaped (the
+step's compute, framing and local transfers) and shaped. The link model's step is the unshaped step plus, for
+each client, its uplink and downlink bytes at the link's rate and one latency each way:
+
+    model = unshaped + sum over clients of (8 * (up + down) / rate + 2 * latency)
+
+which is exact for one client (every transfer is on the step's path) and, for several, a bound from above (a
+client's upload overlaps the server's work on the others). Bytes are the transport's metered ones, headers
+included; the link also carries TCP/IP's own headers (a few percent), which the model leaves out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+
+from actzip.errors import ActzipError, ConfigError
+from actzip.split.runtime import SPLIT_POLICIES, SplitClient, SplitConfig, SplitServer
+from actzip.split.uplink import COMPRESSORS
+from actzip.wire.link import LinkSpec, NetnsMesh
+
+__all__ = ["SplitLinkConfig", "model_step_s", "parse_cell", "run_split_link", "worker_main"]
+
+_PORT = 29591
+
+
+@dataclass
+class SplitLinkConfig:
+    """One comparison: the runtime in each cell, unshaped and over the shaped link."""
+
+    # "compressor:compression" (compression: the modalities' dense bf16 payload / the payload sent), or "dense"
+    cells: tuple[str, ...] = ("dense", "quant:2", "quant:4", "topk:5", "topk:20", "dct:20")
+    policy: str = "equal"  # keep-ratios: "equal" or "modalshare"
+    clients: int = 1  # client processes, served in turn
+    bandwidth_mbps: float = 10.0  # every node's uplink rate (an edge device's uplink)
+    latency_ms: float = 20.0  # one-way latency, added in software
+    batch: int = 256  # samples a client step
+    steps: int = 20  # timed steps, after the warm-up
+    warmup: int = 3  # steps before the timing starts (connections, allocations)
+    lr: float = 1e-3
+    seed: int = 0
+    threads: int = 1  # torch threads a process
+    timeout_s: float = 120.0  # a silent peer is an error after this long
+
+    def __post_init__(self) -> None:
+        self.cells = tuple(self.cells)
+        if not self.cells:
+            raise ConfigError("bench split-link: no cells")
+        for cell in self.cells:
+            parse_cell(cell)
+        if self.policy not in SPLIT_POLICIES:
+            raise ConfigError(f"bench split-link: policy must be one of {SPLIT_POLICIES}, got {self.policy!r}")
+        if not 1 <= self.clients <= 16:
+            raise ConfigError(f"bench split-link: clients must be in [1, 16], got {self.clients}")
+        if not self.bandwidth_mbps > 0 or self.latency_ms < 0:
+            raise ConfigError(f"bench split-link: the link needs a rate > 0 and a latency >= 0, got "
+                              f"{self.bandwidth_mbps} Mbit/s, {self.latency_ms} ms")
+        if self.steps < 2 or self.warmup < 1 or self.batch < 1 or self.threads < 1:
+            raise ConfigError(f"bench split-link: steps must be >= 2, warmup >= 1, batch and threads >= 1; got "
+                              f"steps={self.steps}, warmup={self.warmup}, batch={self.batch}, threads={self.threads}")
+
+    @property
+    def link(self) -> LinkSpec:
+        return LinkSpec(bandwidth_mbps=self.bandwidth_mbps, latency_ms=self.latency_ms)
+
+
+def parse_cell(cell: str) -> tuple[str, float]:
+    """``"topk:20"`` -> ``("topk", 20.0)``; ``"dense"`` -> ``("random", 1.0)`` (at compression 1 every compressor
+    sends every value in bf16)."""
+    if cell == "dense":
+        return "random", 1.0
+    name, _, ratio = cell.partition(":")
+    try:
+        compression = float(ratio)
+    except ValueError:
+        compression = float("nan")
+    if name not in COMPRESSORS or not compression >= 1:
+        raise ConfigError(f"bench split-link: a cell is 'dense' or compressor:compression with a compressor of "
+                          f"{COMPRESSORS} and a compression >= 1, got {cell!r}")
+    return name, compression
+
+
+def model_step_s(unshaped_s: float, up_bytes: list[float], down_bytes: list[float], link: LinkSpec) -> float:
+    """The link model's step: the unshaped step plus each client's transfers and latencies (module docstring)."""
+    return unshaped_s + sum(link.seconds(u + d) + 2 * link.latency_ms / 1e3 for u, d in zip(up_bytes, down_bytes))
+
+
+def _parties(cfg: SplitLinkConfig, cell: str):
+    """The suite, its sizes, the split config and builders of a client's encoders and the server's head."""
+    from actzip_bench.split_sim import client_encoder
+    from actzip_bench.split_suites import load_suite
+
+    suite = load_suite("synthetic")
+    widths = suite.widths(None)
+    shapes = [tuple(x.shape[1:]) for x in suite.streams.values()]
+    compressor, compression = parse_cell(cell)
+    split = SplitConfig(tuple(widths), compressor=compressor, compression=compression, policy=cfg.policy,
+                        seed=cfg.seed)
+    classes = int(suite.labels.max()) + 1
+
+    def encoders() -> nn.ModuleList:
+        return nn.ModuleList(client_encoder(s, w, "linear", 0) for s, w in zip(shapes, widths))
+
+    def head() -> nn.Module:
+        return nn.Sequential(nn.Linear(sum(widths), 128), nn.ReLU(), nn.Linear(128, classes))
+
+    return suite, split, encoders, head
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """One party: rank 0 the server (writes ``--out``), ranks 1.. the clients."""
+    import torch.distributed as dist
+
+    from actzip.wire.backends import DistBackend
+    from actzip.wire.transport import Transport
+
+    p = argparse.ArgumentParser(prog="python -m actzip_bench.split_link", description=worker_main.__doc__)
+    p.add_argument("--config", required=True, help="SplitLinkConfig fields as JSON")
+    p.add_argument("--cell", required=True, help="one of the config's cells")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    cfg = SplitLinkConfig(**json.loads(args.config))
+    torch.set_num_threads(cfg.threads)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    rank = dist.get_rank()
+    try:
+        suite, split, encoders, head = _parties(cfg, args.cell)
+        torch.manual_seed(cfg.seed * 1000 + rank)
+        transport = Transport(DistBackend(), rank, timeout_s=cfg.timeout_s)
+        total = cfg.warmup + cfg.steps
+        if rank == 0:
+            model = head()
+            server = SplitServer(model, transport, list(range(1, cfg.clients + 1)), split,
+                                 torch.optim.Adam(model.parameters(), lr=cfg.lr))
+            server.check()
+            ends, losses, marks = [], [], {}
+            for step in range(total):
+                if step == cfg.warmup:
+                    marks["up"] = transport.meter.total("received", "fwd")
+                    marks["down"] = transport.meter.total("sent", "bwd")
+                losses.append(server.step())
+                ends.append(time.perf_counter())
+            server.finish()
+            record = {"step_end_s": ends, "losses": losses,
+                      "up_bytes": (transport.meter.total("received", "fwd") - marks["up"]) / cfg.steps,
+                      "down_bytes": (transport.meter.total("sent", "bwd") - marks["down"]) / cfg.steps,
+                      "sizes": list(split.sizes)}
+            with open(args.out, "w") as f:
+                json.dump(record, f)
+        else:
+            enc = encoders()
+            client = SplitClient(enc, transport, 0, split, torch.optim.Adam(enc.parameters(), lr=cfg.lr))
+            client.check()
+            gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+            xs = list(suite.streams.values())
+            for _ in range(total):
+                idx = torch.randint(0, suite.train, (cfg.batch,), generator=gen)
+                client.step([x[idx] for x in xs], suite.labels[idx])
+    except ActzipError as e:
+        print(f"actzip: error: rank {rank}: {e}", file=sys.stderr)
+        return 2
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _run_once(cfg: SplitLinkConfig, cell: str, link: LinkSpec) -> dict:
+    """One run of every party through a mesh shaped by ``link``; the server's record, and its median step."""
+    world = cfg.clients + 1
+    with tempfile.TemporaryDirectory(prefix="actzip-split-link-") as tmp:
+        out = os.path.join(tmp, "server.json")
+        cmd = [sys.executable, "-m", "actzip_bench.split_link", "--config", json.dumps(asdict(cfg)),
+               "--cell", cell, "--out", out]
+        limit = cfg.timeout_s + 60 + 10.0 * (cfg.warmup + cfg.steps)
+        with NetnsMesh(world, link) as net:
+            procs = [net.popen(rank, cmd, env=dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world),
+                                                   MASTER_ADDR=net.addresses[0], MASTER_PORT=str(_PORT)),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for rank in range(world)]
+            results = []
+            for p in procs:
+                try:
+                    so, se = p.communicate(timeout=limit)
+                except subprocess.TimeoutExpired:
+                    for q in procs:
+                        q.kill()
+                    raise ConfigError(f"bench split-link: the parties at {cell} ran past {limit:.0f} s")
+                results.append((p.returncode, so, se))
+        failed = [(rank, r) for rank, r in enumerate(results) if r[0]]
+        if failed:
+            rank, (code, so, se) = failed[0]
+            raise ConfigError(f"bench split-link: party {rank} in cell {cell} failed (exit {code}): "
+                              f"{(se or so).strip()[-2000:]}")
+        with open(out) as f:
+            rec = json.load(f)
+    ends = rec["step_end_s"][cfg.warmup - 1:]  # the timed steps' ends, after the warm-up's last
+    rec["step_s"] = statistics.median(b - a for a, b in zip(ends, ends[1:]))
+    return rec
+
+
+def run_split_link(cfg: SplitLinkConfig, progress=None) -> dict:
+    """Every cell unshaped and shaped; rows of measured and modelled step times and bytes each way."""
+    rows = []
+    for cell in cfg.cells:
+        unshaped = _run_once(cfg, cell, LinkSpec())
+        if progress is not None:
+            progress(f"{cell} unshaped")
+        shaped = _run_once(cfg, cell, cfg.link)
+        if progress is not None:
+            progress(f"{cell} shaped")
+        # one client's bytes: the server's totals are over every client
+        up = [shaped["up_bytes"] / cfg.clients] * cfg.clients
+        down = [shaped["down_bytes"] / cfg.clients] * cfg.clients
+        compressor, compression = parse_cell(cell)
+        rows.append({"cell": cell, "compressor": compressor, "compression": compression, "measured_step_s": shaped["step_s"], "unshaped_step_s": unshaped["step_s"],
+                     "model_step_s": model_step_s(unshaped["step_s"], up, down, cfg.link),
+                     "up_bytes": shaped["up_bytes"], "down_bytes": shaped["down_bytes"],
+                     "final_loss": shaped["losses"][-1][-1], "sizes": shaped["sizes"]})
+    dense = next((r for r in rows if r["cell"] == "dense"), None)
+    for r in rows:
+        r["model_error"] = r["model_step_s"] / r["measured_step_s"] - 1
+        r["speedup_vs_dense"] = dense["measured_step_s"] / r["measured_step_s"] if dense else None
+    return {"config": asdict(cfg), "rows": rows}
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())

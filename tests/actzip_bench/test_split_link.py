@@ -1,0 +1,46 @@
+"""``actzip bench split-link``: its cells and config refused by name, the link model's step, and one real run of
+the runtime's processes over a shaped link (root and network namespaces; skipped with the reason otherwise)."""
+
+import pytest
+
+from actzip.errors import ConfigError
+from actzip.wire import LinkSpec, netns_unavailable_reason
+from actzip_bench.split_link import SplitLinkConfig, model_step_s, parse_cell, run_split_link
+
+
+def test_cells_name_a_compressor_and_a_compression_or_dense():
+    assert parse_cell("dense") == ("random", 1.0)
+    assert parse_cell("topk:20") == ("topk", 20.0)
+    assert parse_cell("quant:2.5") == ("quant", 2.5)
+    for bad in ("topk", "gzip:4", "topk:0.5", "dct:x", ""):
+        with pytest.raises(ConfigError, match="cell"):
+            parse_cell(bad)
+
+
+@pytest.mark.parametrize("field, value", [("cells", ()), ("cells", ("topk:1/2",)), ("policy", "greedy"),
+                                          ("clients", 0), ("bandwidth_mbps", 0.0), ("latency_ms", -1.0),
+                                          ("steps", 1), ("warmup", 0)])
+def test_a_bad_config_is_refused_by_name(field, value):
+    with pytest.raises(ConfigError, match="split-link"):
+        SplitLinkConfig(**{field: value})
+
+
+def test_the_model_adds_each_client_s_transfers_and_two_latencies_to_the_unshaped_step():
+    link = LinkSpec(bandwidth_mbps=8.0, latency_ms=10.0)  # a byte a microsecond
+    assert model_step_s(0.5, [1000.0], [3000.0], link) == pytest.approx(0.5 + 0.004 + 0.02)
+    assert model_step_s(0.5, [1000.0, 0.0], [0.0, 1000.0], link) == pytest.approx(0.5 + 0.002 + 0.04)
+
+
+@pytest.mark.skipif(netns_unavailable_reason(shaped=True) is not None,
+                    reason=f"shaped real link: {netns_unavailable_reason(shaped=True)}")
+def test_the_runtime_over_a_shaped_link_meters_its_bytes_and_compression_pays():
+    cfg = SplitLinkConfig(cells=("dense", "topk:20"), batch=64, steps=4, warmup=1, bandwidth_mbps=10.0,
+                          latency_ms=5.0)
+    rows = {r["cell"]: r for r in run_split_link(cfg)["rows"]}
+    dense, topk = rows["dense"], rows["topk:20"]
+    values = 64 * sum(dense["sizes"]) * 2  # bf16 bytes a step each way, before the transport's headers
+    assert values <= dense["up_bytes"] <= 1.05 * values and values <= dense["down_bytes"] <= 1.05 * values
+    assert topk["up_bytes"] <= values / 20 * 1.1
+    # 8 ms a kilobyte at 10 Mbit/s: the dense step waits on about 84 ms of transfers, top-k on about 4
+    assert topk["measured_step_s"] < dense["measured_step_s"] and topk["speedup_vs_dense"] > 1.5
+    assert all(r["unshaped_step_s"] < r["measured_step_s"] for r in rows.values())
