@@ -23,6 +23,7 @@ from actzip.errors import ConfigError
 from actzip_bench import (figures_cache_host, figures_cache_roles, figures_compressors_docs, figures_ffn_public, figures_grpo, figures_kernel_variants,
                           figures_link_calibration, figures_lora_docs, figures_mask_keep, figures_memory,
                           figures_memory_docs, figures_one_liner, figures_presets_seeds, figures_prompt, figures_split,
+                          figures_split_link,
                           figures_wire, figures_wire_baselines, figures_wire_docs, figures_wire_paper,
                           report_decentralized)
 
@@ -33,7 +34,7 @@ RENDERERS = {**figures_memory.RENDERERS, **figures_wire.RENDERERS, **figures_wir
              **figures_link_calibration.RENDERERS, **figures_grpo.RENDERERS,
              **figures_mask_keep.RENDERERS, **figures_kernel_variants.RENDERERS, **figures_split.RENDERERS,
              **figures_prompt.RENDERERS, **figures_wire_paper.RENDERERS, **figures_cache_host.RENDERERS,
-             **figures_cache_roles.RENDERERS}
+             **figures_cache_roles.RENDERERS, **figures_split_link.RENDERERS}
 
 BLOCK = re.compile(r"<!-- figure: (?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /figure -->", re.S)
 OPEN, CLOSE = re.compile(r"<!-- figure:"), re.compile(r"<!-- /figure -->")

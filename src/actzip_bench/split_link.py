@@ -230,7 +230,8 @@ def run_split_link(cfg: SplitLinkConfig, progress=None) -> dict:
         up = [shaped["up_bytes"] / cfg.clients] * cfg.clients
         down = [shaped["down_bytes"] / cfg.clients] * cfg.clients
         compressor, compression = parse_cell(cell)
-        rows.append({"cell": cell, "compressor": compressor, "compression": compression, "measured_step_s": shaped["step_s"], "unshaped_step_s": unshaped["step_s"],
+        rows.append({"cell": cell, "compressor": compressor, "compression": compression,
+                     "measured_step_s": shaped["step_s"], "unshaped_step_s": unshaped["step_s"],
                      "model_step_s": model_step_s(unshaped["step_s"], up, down, cfg.link),
                      "up_bytes": shaped["up_bytes"], "down_bytes": shaped["down_bytes"],
                      "final_loss": shaped["losses"][-1][-1], "sizes": shaped["sizes"]})

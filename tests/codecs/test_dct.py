@@ -249,7 +249,7 @@ def test_fitted_levels_leave_less_error_at_a_bit_or_two_within_the_same_payload(
     ((16, 12, 20), dict(bits=2.0, bands=4, axis=1, levels="fitted", rounding="nearest")),
     ((24, 64), dict(bits=0.5, bands=2, max_bands=8, dtype=torch.float64)),
 ])
-def test_a_payload_rebuilt_from_its_buffers_and_side_information_decodes_the_same(shape, options):
+def test_a_payload_rebuilt_from_its_buffers_and_side_information_or_its_wire_form_decodes_the_same(shape, options):
     options = dict(options)
     dtype = options.pop("dtype", torch.float32)
     g = torch.Generator().manual_seed(sum(shape))
@@ -263,6 +263,12 @@ def test_a_payload_rebuilt_from_its_buffers_and_side_information_decodes_the_sam
     rebuilt = receiver.rebuild(padded, p.buffers, shape, dtype, "cpu")
     assert torch.equal(receiver.decode(rebuilt), sender.decode(p))
     assert rebuilt.meta["band_bits"] == p.meta["band_bits"] and rebuilt.meta["edges"] == p.meta["edges"]
+    wire = sender.to_wire(p)  # one byte tensor: the padded side information, then every buffer
+    assert wire.dtype == torch.uint8 and wire.numel() == sender.side_bytes(shape) + p.nbytes
+    assert torch.equal(receiver.decode(receiver.from_wire(wire, shape, dtype, "cpu")), sender.decode(p))
+    for bad in (wire[:-1], torch.cat([wire, wire[-1:]])):
+        with pytest.raises(ConfigError, match="wire form"):
+            receiver.from_wire(bad, shape, dtype, "cpu")
 
 
 def test_side_information_that_does_not_fit_is_refused():

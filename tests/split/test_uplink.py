@@ -156,7 +156,7 @@ def test_fitted_levels_send_dct_s_payload_closer_both_ways():
 
 @pytest.mark.parametrize("method", ["dct", "quant"])
 def test_codecs_travel_as_plain_tensors_and_dct_pays_for_its_side_information(method):
-    from actzip.split.uplink import Link, SIDE, item_bytes, pack, unpack
+    from actzip.split.uplink import WIRE, Link, item_bytes, pack, unpack
 
     a = acts().detach()
     link = Link(method, 0.1, seed=3, rounding="nearest")
@@ -164,7 +164,8 @@ def test_codecs_travel_as_plain_tensors_and_dct_pays_for_its_side_information(me
     assert packed.items and all(isinstance(v, torch.Tensor) for v in packed.items.values())
     budget = 0.1 * a.numel() * 2
     assert item_bytes(packed.items) <= budget
-    if method == "dct":  # a byte, and a byte a band of the finest cut (64 bands of 128 coefficients)
-        assert packed.items[SIDE].dtype == torch.uint8 and packed.items[SIDE].numel() == 65
+    if method == "dct":  # one byte tensor: a byte and a byte a band of the finest cut (64 bands), the buffers
+        assert set(packed.items) == {"bits", WIRE} and packed.items[WIRE].dtype == torch.uint8
+        assert packed.items[WIRE].numel() == 65 + packed.keep.encode(a.contiguous()).nbytes
     view, codec = unpack(packed.items, link, tuple(a.shape), a.dtype, a.device)
     assert torch.equal(view, packed.keep.decode(packed.keep.encode(a.contiguous())))  # nearest: deterministic

@@ -43,7 +43,8 @@ Besides its buffers, a payload holds what the encoder chose: the decomposition k
 coder. That is its side information (:meth:`DCTCodec.side_info`: a byte, and a byte a band, at most
 :meth:`DCTCodec.side_bytes`); a receiver with the same options that knows the tensor's shape and dtype rebuilds
 the payload from the buffers and it (:meth:`DCTCodec.rebuild`), so a link carries these bytes and not the
-payload's whole metadata.
+payload's whole metadata: :meth:`DCTCodec.to_wire` is the payload as one byte tensor (the side information, then
+the buffers), :meth:`DCTCodec.from_wire` the payload again.
 """
 
 from __future__ import annotations
@@ -424,6 +425,47 @@ class DCTCodec(Codec):
                        meta={"axis": axis, "dims": self.dims, "edges": edges, "band_bits": codes, "bands": metas,
                              "lines_shape": tuple(lines.shape), "work": work, "dropped_energy": None,
                              "group_by": self.group_by})
+
+    def to_wire(self, payload: Payload) -> torch.Tensor:
+        """The payload as one uint8 tensor: its side information padded to :meth:`side_bytes`, then its buffers'
+        bytes in order. :meth:`from_wire` reads it back; ``side_bytes + payload.nbytes`` bytes in all."""
+        p = self._own(payload)
+        side = self.side_info(p)
+        side += [0] * (self.side_bytes(tuple(p.shape)) - len(side))
+        return torch.cat([torch.tensor(side, dtype=torch.uint8, device=p.device),
+                          *(b.reshape(-1).view(torch.uint8) for b in p.buffers.values())])
+
+    def from_wire(self, wire: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device) -> Payload:
+        """The payload :meth:`to_wire` made of a tensor of ``shape`` and ``dtype``: the side information read and
+        each buffer cut from the bytes after it at the size its band's coder gives it (a wire of another
+        length is an error)."""
+        k = self.side_bytes(tuple(shape))
+        p = self.rebuild(wire[:k], {}, shape, dtype, device)
+        m, at = p.meta, k
+        rows = math.prod(m["lines_shape"][:-self.dims])
+        for i, (a, b, band) in enumerate(zip(m["edges"], m["edges"][1:], m["bands"])):
+            n = rows * (b - a)
+            if band is None:
+                continue
+            if isinstance(band, dict):  # fitted levels: packed indices, a float32 scale a group
+                sizes = [("codes", torch.uint8, -(-n * band["levels"] // 8)),
+                         ("scales", torch.float32, -(-n // band["group"]))]
+            else:  # the quant codec's min-max groups: codes with their padding, a minimum and a span a group
+                g, bits = band[0]["group_size"], band[0]["bits"]
+                groups = -(-n // g)
+                sizes = [("codes", torch.uint8, -(-groups * g * bits // 8)), ("lo", m["work"], groups),
+                         ("span", m["work"], groups)]
+            for name, dt, count in sizes:
+                nbytes = count * dt.itemsize
+                if at + nbytes > wire.numel():
+                    break
+                p.buffers[f"b{i}_{name}"] = wire[at:at + nbytes].clone().view(dt).to(device)
+                at += nbytes
+        if at != wire.numel() or len(p.buffers) != sum(0 if band is None else 2 if isinstance(band, dict) else 3
+                                                       for band in m["bands"]):
+            raise ConfigError(f"dct: a wire form of {wire.numel()} bytes does not hold the buffers its side "
+                              f"information names for a tensor of shape {tuple(shape)}")
+        return p
 
     def decode(self, payload: Payload) -> torch.Tensor:
         p = self._own(payload)

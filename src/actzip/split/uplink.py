@@ -39,8 +39,8 @@ Four steps, each a function, make the wire form (:class:`~actzip.split.runtime` 
 wire transport): :func:`pack` (client: items to send, and what it keeps to read the gradient), :func:`unpack`
 (server: the dense view), :func:`pack_grad` (server: the gradient's items), :func:`unpack_grad` (client: the
 gradient of its activations). :func:`send` chains them in one process for a simulation, with autograd carrying
-the gradient. Items are plain tensors: a codec's payload goes as its buffers (and, for ``dct``, its side
-information as a uint8 tensor), which the other end rebuilds into the payload from the link and the shape, so the
+the gradient. Items are plain tensors: a codec's payload goes as its buffers (``dct``'s as one byte tensor, its
+side information first), which the other end rebuilds into the payload from the link and the shape, so the
 transport describes a few named tensors and not a codec's whole metadata. Bytes are the items' own.
 """
 
@@ -59,15 +59,15 @@ from actzip.core.payload import Payload
 from actzip.errors import ConfigError
 from actzip.kernels.runtime import record_fallback
 
-__all__ = ["COMPRESSORS", "DCT_BANDS", "DCT_GROUP", "DCT_MAX_BANDS", "DCT_HEADER", "Link", "Packed", "SIDE", "check_levels", "Sent", "item_bytes", "least_ratio", "pack",
-           "pack_grad", "send", "unpack", "unpack_grad"]
+__all__ = ["COMPRESSORS", "DCT_BANDS", "DCT_GROUP", "DCT_HEADER", "DCT_MAX_BANDS", "Link", "Packed", "Sent", "WIRE",
+           "check_levels", "item_bytes", "least_ratio", "pack", "pack_grad", "send", "unpack", "unpack_grad"]
 
 COMPRESSORS = ("random", "topk", "dct", "quant")
 DCT_BANDS = 8  # dct: bands a line or plane is cut into (fewer where it has fewer coefficients)
 DCT_MAX_BANDS = 64  # dct: the finest cut it may adapt to (bands doubled while the expected error falls)
 DCT_GROUP = 256  # dct: coefficients of a band sharing one range (two float32: a quarter bit a coefficient)
 DCT_HEADER = 8  # dct: bytes naming the codec's bits (float64), so the server's gradient codec is the client's
-SIDE = "side"  # dct: the item of its side information (DCTCodec.side_info), a byte each
+WIRE = "wire"  # dct: the item of its payload as one byte tensor (DCTCodec.to_wire)
 _QUANT_BITS = (8, 4, 2, 1)
 _FITTED: dict[tuple, int] = {}  # (ratio, shape, value bits) -> index of the quant bits that last fitted
 
@@ -283,24 +283,21 @@ def unpack_grad(items: dict, link: Link, packed: Packed, shape, dtype, device) -
 
 
 def _wire_items(codec, payload: Payload) -> dict:
-    """A codec's payload as the tensors that travel: its buffers, and ``dct``'s side information padded to its
-    most bytes (what the budget keeps for it: the same bytes whichever decomposition won)."""
-    items = dict(payload.buffers)
+    """A codec's payload as the tensors that travel: ``quant``'s buffers; ``dct``'s as one byte tensor, its side
+    information padded to its most bytes (what the budget keeps for it, whichever decomposition won) and its
+    buffers (``DCTCodec.to_wire``), since the transport would describe each of its many buffers by name."""
     if codec.name == "dct":
-        side = codec.side_info(payload)
-        side += [0] * (codec.side_bytes(tuple(payload.shape)) - len(side))
-        items[SIDE] = torch.tensor(side, dtype=torch.uint8)
-    return items
+        return {WIRE: codec.to_wire(payload)}
+    return dict(payload.buffers)
 
 
 def _payload_of(codec, items: dict, shape: tuple[int, ...], dtype: torch.dtype, device) -> Payload:
     """The payload :func:`_wire_items` sent of a tensor of ``shape`` and ``dtype`` (both ends' activations and
     gradients share a dtype): ``dct``'s rebuilt from its side information, ``quant``'s from its layout, which the
     shape alone sets."""
-    names = [k for k in items if k not in ("bits", SIDE)]
-    buffers = {k: items[k].to(device) for k in names}
     if codec.name == "dct":
-        return codec.rebuild(items[SIDE], buffers, shape, dtype, device)
+        return codec.from_wire(items[WIRE], shape, dtype, device)
+    buffers = {k: v.to(device) for k, v in items.items() if k != "bits"}
     _, meta = codec.payload_layout(torch.empty(shape, dtype=dtype, device="meta"))
     return Payload(codec.name, torch.Size(shape), dtype, torch.device(device), buffers=buffers, meta=meta)
 
