@@ -5,14 +5,14 @@ One server (:class:`~actzip.split.SplitServer`, rank 0) and ``clients`` clients 
 ranks 1..), each a process in a network namespace of its own on one switch (:class:`~actzip.wire.link.NetnsMesh`),
 every node's uplink shaped to ``bandwidth_mbps`` with ``tc tbf`` and ``latency_ms`` added in software, train on
 the synthetic multimodal suite (linear encoders on the clients, the sim's head on the server) through gloo. The
-server serves its clients in turn. For each cell the same run goes twice: through the mesh unshaped (the
-step's compute, framing and local transfers) and shaped. The link model's step is the unshaped step plus, for
-each client, its uplink and downlink bytes at the link's rate and one latency each way:
-
-    model = unshaped + sum over clients of (8 * (up + down) / rate + 2 * latency)
-
-which is exact for one client (every transfer is on the step's path) and, for several, a bound from above (a
-client's upload overlaps the server's work on the others). Bytes are the transport's metered ones, headers
+server serves its clients in turn. For each cell the same run goes twice: through the mesh unshaped and shaped.
+Every party times its own work a step (the step less the time it waits in a receive): the unshaped run's are the
+compute the model takes. The link model's step replays the protocol with the
+link model (:class:`~actzip.wire.link.LinkModel`): each client's batch crosses its own uplink (its bytes at the
+link's rate, one latency), the server works on the clients' batches in turn for its measured time each, each
+reply crosses the server's uplink (shared by the replies, in order) and the client works its measured time
+before it sends again; the model's step is a round's median once it has settled. With one client that is the
+measured work plus each way's bytes at the rate and a latency. Bytes are the transport's metered ones, headers
 included; the link also carries TCP/IP's own headers (a few percent), which the model leaves out.
 """
 
@@ -35,7 +35,7 @@ import torch.nn as nn
 from actzip.errors import ActzipError, ConfigError
 from actzip.split.runtime import SPLIT_POLICIES, SplitClient, SplitConfig, SplitServer
 from actzip.split.uplink import COMPRESSORS
-from actzip.wire.link import LinkSpec, NetnsMesh
+from actzip.wire.link import LinkModel, LinkSpec, NetnsMesh
 
 __all__ = ["SplitLinkConfig", "model_step_s", "parse_cell", "run_split_link", "worker_main"]
 
@@ -98,9 +98,42 @@ def parse_cell(cell: str) -> tuple[str, float]:
     return name, compression
 
 
-def model_step_s(unshaped_s: float, up_bytes: list[float], down_bytes: list[float], link: LinkSpec) -> float:
-    """The link model's step: the unshaped step plus each client's transfers and latencies (module docstring)."""
-    return unshaped_s + sum(link.seconds(u + d) + 2 * link.latency_ms / 1e3 for u, d in zip(up_bytes, down_bytes))
+def model_step_s(server_s: float, client_s: list[float], up_bytes: list[float], down_bytes: list[float],
+                 link: LinkSpec, rounds: int = 60) -> float:
+    """The link model's step (module docstring): ``server_s`` the server's work a round (all clients), ``client_s``
+    each client's work a step, ``up_bytes`` / ``down_bytes`` each client's a step."""
+    ups, egress = [LinkModel(link) for _ in client_s], LinkModel(link)
+    ready, free, ends = [0.0] * len(client_s), 0.0, []
+    for _ in range(rounds):
+        for k in range(len(client_s)):
+            arrival = ups[k].transmit(round(up_bytes[k]), ready[k])
+            free = max(free, arrival) + server_s / len(client_s)
+            ready[k] = egress.transmit(round(down_bytes[k]), free) + client_s[k]
+        ends.append(free)
+    settled = [b - a for a, b in zip(ends, ends[1:])][rounds // 2:]
+    return statistics.median(settled)
+
+
+def _timed_receives(transport) -> list[float]:
+    """Make ``transport.recv`` add the seconds it waits to the returned one-element list."""
+    waited, recv = [0.0], transport.recv
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return recv(*args, **kwargs)
+        finally:
+            waited[0] += time.perf_counter() - t0
+
+    transport.recv = timed
+    return waited
+
+
+def _work_s(ends: list[float], waits: list[float], start: float, warmup: int) -> float:
+    """The median of a party's timed steps, less what it waited in receives during each."""
+    t, w = [start, *ends], [0.0, *waits]
+    work = [(t[i + 1] - t[i]) - (w[i + 1] - w[i]) for i in range(len(ends))]
+    return statistics.median(work[warmup:])
 
 
 def _parties(cfg: SplitLinkConfig, cell: str):
@@ -146,20 +179,23 @@ def worker_main(argv: list[str] | None = None) -> int:
         torch.manual_seed(cfg.seed * 1000 + rank)
         transport = Transport(DistBackend(), rank, timeout_s=cfg.timeout_s)
         total = cfg.warmup + cfg.steps
+        waited, waits = _timed_receives(transport), []
         if rank == 0:
             model = head()
             server = SplitServer(model, transport, list(range(1, cfg.clients + 1)), split,
                                  torch.optim.Adam(model.parameters(), lr=cfg.lr))
             server.check()
             ends, losses, marks = [], [], {}
+            start = time.perf_counter()
             for step in range(total):
                 if step == cfg.warmup:
                     marks["up"] = transport.meter.total("received", "fwd")
                     marks["down"] = transport.meter.total("sent", "bwd")
                 losses.append(server.step())
                 ends.append(time.perf_counter())
+                waits.append(waited[0])
             server.finish()
-            record = {"step_end_s": ends, "losses": losses,
+            record = {"step_end_s": ends, "losses": losses, "work_s": _work_s(ends, waits, start, cfg.warmup),
                       "up_bytes": (transport.meter.total("received", "fwd") - marks["up"]) / cfg.steps,
                       "down_bytes": (transport.meter.total("sent", "bwd") - marks["down"]) / cfg.steps,
                       "sizes": list(split.sizes)}
@@ -171,9 +207,14 @@ def worker_main(argv: list[str] | None = None) -> int:
             client.check()
             gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
             xs = list(suite.streams.values())
+            ends, start = [], time.perf_counter()
             for _ in range(total):
                 idx = torch.randint(0, suite.train, (cfg.batch,), generator=gen)
                 client.step([x[idx] for x in xs], suite.labels[idx])
+                ends.append(time.perf_counter())
+                waits.append(waited[0])
+            with open(f"{args.out}.{rank}", "w") as f:
+                json.dump({"work_s": _work_s(ends, waits, start, cfg.warmup)}, f)
     except ActzipError as e:
         print(f"actzip: error: rank {rank}: {e}", file=sys.stderr)
         return 2
@@ -211,6 +252,10 @@ def _run_once(cfg: SplitLinkConfig, cell: str, link: LinkSpec) -> dict:
                               f"{(se or so).strip()[-2000:]}")
         with open(out) as f:
             rec = json.load(f)
+        rec["client_work_s"] = []
+        for rank in range(1, world):
+            with open(f"{out}.{rank}") as f:
+                rec["client_work_s"].append(json.load(f)["work_s"])
     ends = rec["step_end_s"][cfg.warmup - 1:]  # the timed steps' ends, after the warm-up's last
     rec["step_s"] = statistics.median(b - a for a, b in zip(ends, ends[1:]))
     return rec
@@ -232,7 +277,8 @@ def run_split_link(cfg: SplitLinkConfig, progress=None) -> dict:
         compressor, compression = parse_cell(cell)
         rows.append({"cell": cell, "compressor": compressor, "compression": compression,
                      "measured_step_s": shaped["step_s"], "unshaped_step_s": unshaped["step_s"],
-                     "model_step_s": model_step_s(unshaped["step_s"], up, down, cfg.link),
+                     "model_step_s": model_step_s(unshaped["work_s"], unshaped["client_work_s"], up, down, cfg.link),
+                     "server_work_s": unshaped["work_s"], "client_work_s": unshaped["client_work_s"],
                      "up_bytes": shaped["up_bytes"], "down_bytes": shaped["down_bytes"],
                      "final_loss": shaped["losses"][-1][-1], "sizes": shaped["sizes"]})
     dense = next((r for r in rows if r["cell"] == "dense"), None)

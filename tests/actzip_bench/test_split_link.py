@@ -25,10 +25,18 @@ def test_a_bad_config_is_refused_by_name(field, value):
         SplitLinkConfig(**{field: value})
 
 
-def test_the_model_adds_each_client_s_transfers_and_two_latencies_to_the_unshaped_step():
+def test_the_model_is_the_work_and_each_way_s_transfer_and_latency_for_one_client_and_overlaps_for_two():
     link = LinkSpec(bandwidth_mbps=8.0, latency_ms=10.0)  # a byte a microsecond
-    assert model_step_s(0.5, [1000.0], [3000.0], link) == pytest.approx(0.5 + 0.004 + 0.02)
-    assert model_step_s(0.5, [1000.0, 0.0], [0.0, 1000.0], link) == pytest.approx(0.5 + 0.002 + 0.04)
+    one = model_step_s(0.3, [0.2], [1000.0], [3000.0], link)
+    assert one == pytest.approx(0.3 + 0.2 + 0.004 + 0.02)
+    cycle = model_step_s(0.0, [0.0], [8000.0], [8000.0], link)  # 8 ms each way and 10 ms latency each way
+    assert cycle == pytest.approx(0.036)
+    two = model_step_s(0.0, [0.0, 0.0], [8000.0] * 2, [8000.0] * 2, link)
+    assert cycle <= two < 2 * cycle  # each client's batch on its own uplink: the two cycles overlap
+    heavy = model_step_s(0.0, [0.0, 0.0], [8000.0] * 2, [30000.0] * 2, link)
+    assert heavy >= 0.060 - 1e-9  # but the replies share the server's uplink: 30 ms each, one after the other
+    busy = model_step_s(0.5, [0.0, 0.0], [8000.0] * 2, [8000.0] * 2, link)
+    assert busy == pytest.approx(0.5, rel=0.1)  # a server busier than the links sets the pace
 
 
 @pytest.mark.skipif(netns_unavailable_reason(shaped=True) is not None,
