@@ -37,7 +37,7 @@ from actzip.split.runtime import SPLIT_POLICIES, SplitClient, SplitConfig, Split
 from actzip.split.uplink import COMPRESSORS
 from actzip.wire.link import LinkModel, LinkSpec, NetnsMesh
 
-__all__ = ["SplitLinkConfig", "model_step_s", "parse_cell", "run_split_link", "worker_main"]
+__all__ = ["SplitLinkConfig", "model_step_s", "parse_cell", "plot", "run_split_link", "worker_main"]
 
 _PORT = 29591
 
@@ -286,6 +286,31 @@ def run_split_link(cfg: SplitLinkConfig, progress=None) -> dict:
         r["model_error"] = r["model_step_s"] / r["measured_step_s"] - 1
         r["speedup_vs_dense"] = dense["measured_step_s"] / r["measured_step_s"] if dense else None
     return {"config": asdict(cfg), "rows": rows}
+
+
+def plot(record: dict, path) -> None:
+    """Measured and modelled step per cell (one group of bars a cell), and the bytes up beside them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, c = record["rows"], record["config"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [1e3 * r["measured_step_s"] for r in rows], 0.4, label="measured")
+    ax.bar([i + 0.2 for i in x], [1e3 * r["model_step_s"] for r in rows], 0.4, label="link model")
+    ax.set_ylabel("step (ms)")
+    ax.set_title(f"{c['clients']} client(s), {c['bandwidth_mbps']:g} Mbit/s, {c['latency_ms']:g} ms")
+    bx.bar(list(x), [r["up_bytes"] / 1e3 for r in rows])
+    bx.set_ylabel("uplink kB a step")
+    bx.set_yscale("log")
+    for axis in (ax, bx):
+        axis.set_xticks(list(x), [r["cell"] for r in rows], rotation=30)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import pytest
 
 from actzip.errors import ConfigError
 from actzip.wire import LinkSpec, netns_unavailable_reason
-from actzip_bench.split_link import SplitLinkConfig, model_step_s, parse_cell, run_split_link
+from actzip_bench.split_link import SplitLinkConfig, model_step_s, parse_cell, plot, run_split_link
 
 
 def test_cells_name_a_compressor_and_a_compression_or_dense():
@@ -41,10 +41,13 @@ def test_the_model_is_the_work_and_each_way_s_transfer_and_latency_for_one_clien
 
 @pytest.mark.skipif(netns_unavailable_reason(shaped=True) is not None,
                     reason=f"shaped real link: {netns_unavailable_reason(shaped=True)}")
-def test_the_runtime_over_a_shaped_link_meters_its_bytes_and_compression_pays():
+def test_the_runtime_over_a_shaped_link_meters_its_bytes_and_compression_pays(tmp_path):
     cfg = SplitLinkConfig(cells=("dense", "topk:20"), batch=64, steps=4, warmup=1, bandwidth_mbps=10.0,
                           latency_ms=5.0)
-    rows = {r["cell"]: r for r in run_split_link(cfg)["rows"]}
+    record = run_split_link(cfg)
+    plot(record, tmp_path / "split-link.png")
+    assert (tmp_path / "split-link.png").stat().st_size > 10_000
+    rows = {r["cell"]: r for r in record["rows"]}
     dense, topk = rows["dense"], rows["topk:20"]
     values = 64 * sum(dense["sizes"]) * 2  # bf16 bytes a step each way, before the transport's headers
     assert values <= dense["up_bytes"] <= 1.05 * values and values <= dense["down_bytes"] <= 1.05 * values

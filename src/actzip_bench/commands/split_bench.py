@@ -91,6 +91,14 @@ def _bench_split_link(args: argparse.Namespace) -> int:
     record.update({"shaping": shaping_qdisc(), "wall_s": time.perf_counter() - t0,
                    "machine": machine_record(torch.device("cpu")), "command": command_line(args)})
     write_json(record, args.json, console)
+    if args.json:
+        from pathlib import Path
+
+        from actzip_bench.split_link import plot
+
+        png = Path(args.json).with_suffix(".png")
+        plot(record, png)
+        console.print(f"wrote {png}")
     return 0
 
 
