@@ -47,6 +47,15 @@ def write_json(record: dict, path: str | None, console) -> None:
         console.print(f"wrote {path}")
 
 
+def write_json_and_plot(record: dict, path: str | None, console, plot) -> None:
+    """:func:`write_json`, then ``plot(record, png)`` beside it (its name with ``.png``), when a path was given."""
+    write_json(record, path, console)
+    if path:
+        png = Path(path).with_suffix(".png")
+        plot(record, png)
+        console.print(f"wrote {png}")
+
+
 def write_partial(record: dict, args: argparse.Namespace, console) -> None:
     """The entries finished so far, to --json (overwritten by the full record at the end)."""
     if args.json:

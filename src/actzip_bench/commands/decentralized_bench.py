@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from actzip_bench.commands.common import command_line, config_from_args, device_from_args, write_json
+from actzip_bench.commands.common import command_line, config_from_args, device_from_args, write_json_and_plot
 
 
 def _bench_decentralized(args: argparse.Namespace) -> int:
@@ -102,17 +102,11 @@ def _probe(path: str) -> dict:
 
 
 def _report(record: dict, cfg, args: argparse.Namespace, console) -> int:
-    from pathlib import Path
-
     from actzip_bench.decentralized_render import plot, table
 
     for t in cfg.tasks:
         console.print(table(record, t))
-    write_json(record, args.json, console)
-    if args.json:
-        png = Path(args.json).with_suffix(".png")
-        plot(record, png)
-        console.print(f"wrote {png}")
+    write_json_and_plot(record, args.json, console, plot)
     return 0
 
 

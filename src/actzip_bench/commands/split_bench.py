@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from actzip_bench.commands.common import command_line, config_from_args, write_json
+from actzip_bench.commands.common import command_line, config_from_args, write_json, write_json_and_plot
 
 
 QUICK = dict(compressors=("random", "topk", "dct"), compression=5.0, seeds=(0,), steps=200)
@@ -66,7 +66,7 @@ def _bench_split_link(args: argparse.Namespace) -> int:
     from actzip.errors import ConfigError
     from actzip.wire.link import netns_unavailable_reason, shaping_qdisc
     from actzip_bench.harness import machine_record
-    from actzip_bench.split_link import SplitLinkConfig, run_split_link
+    from actzip_bench.split_link import SplitLinkConfig, plot, run_split_link
 
     cfg = config_from_args(SplitLinkConfig, args)  # the options first: a bad one is named wherever it runs
     why = netns_unavailable_reason(shaped=True)
@@ -90,15 +90,7 @@ def _bench_split_link(args: argparse.Namespace) -> int:
     console.print(table)
     record.update({"shaping": shaping_qdisc(), "wall_s": time.perf_counter() - t0,
                    "machine": machine_record(torch.device("cpu")), "command": command_line(args)})
-    write_json(record, args.json, console)
-    if args.json:
-        from pathlib import Path
-
-        from actzip_bench.split_link import plot
-
-        png = Path(args.json).with_suffix(".png")
-        plot(record, png)
-        console.print(f"wrote {png}")
+    write_json_and_plot(record, args.json, console, plot)
     return 0
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from actzip_bench.commands.common import command_line, config_from_args, device_from_args, write_json
+from actzip_bench.commands.common import (command_line, config_from_args, device_from_args, write_json,
+                                          write_json_and_plot)
 
 
 def _bench_presets(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
@@ -35,11 +34,7 @@ def _bench_presets(args: argparse.Namespace) -> int:
                   f"{r['val_loss']:.4f}", f"{r['val_loss_gap']:+.2%}",
                   "-" if r["step_time_s"] is None else f"{r['step_time_s'] * 1e3:.1f}")
     console.print(t)
-    write_json(record, args.json, console)
-    if args.json:
-        png = Path(args.json).with_suffix(".png")
-        plot(record, png)
-        console.print(f"wrote {png}")
+    write_json_and_plot(record, args.json, console, plot)
     return 0
 
 
@@ -122,8 +117,6 @@ def _bench_grpo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from pathlib import Path
-
     from actzip_bench.grpo import GRPOBenchConfig, run_grpo
     from actzip_bench.grpo_plots import plot_rewards, plot_throughput
     from actzip_bench.grpo_compile import describe_tried
@@ -162,14 +155,7 @@ def _bench_grpo(args: argparse.Namespace) -> int:
                   f"{pt['lookup_ms']:.4f} ms")
     for s, why in record["skipped"].items():
         console.print(f"skipped {s}: {why}")
-    write_json(record, args.json, console)
-    if args.json:
-        png = Path(args.json).with_suffix(".png")
-        if cfg.reward_steps:
-            plot_rewards(record, png)
-        else:
-            plot_throughput(record, png)
-        console.print(f"wrote {png}")
+    write_json_and_plot(record, args.json, console, plot_rewards if cfg.reward_steps else plot_throughput)
     return 0
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from actzip_bench.commands.common import (command_line, config_from_args, device_from_args, write_json,
+from actzip_bench.commands.common import (command_line, config_from_args, device_from_args, write_json_and_plot,
                                           write_partial)
 
 
 def _bench_wire(args: argparse.Namespace) -> int:
     import dataclasses
-    from pathlib import Path
 
     from rich.console import Console
     from rich.progress import Progress
@@ -30,11 +29,7 @@ def _bench_wire(args: argparse.Namespace) -> int:
             on_entry=lambda partial: write_partial(partial, args, bar.console))
     record["command"] = command_line(args)
     console.print(render(record))
-    write_json(record, args.json, console)
-    if args.json:
-        png = Path(args.json).with_suffix(".png")
-        plot(record, png)
-        console.print(f"wrote {png}")
+    write_json_and_plot(record, args.json, console, plot)
     return 0
 
 
