@@ -48,4 +48,26 @@ def split_link(root: Path) -> str:
     return "\n".join(lines + ["", text])
 
 
-RENDERERS = {"split-link": split_link}
+MODALSHARE = "results/cpu/split-link/modalshare.json"  # one client, ModalShare's keep-ratios
+
+
+def split_link_modalshare(root: Path) -> str:
+    """Per cell under ModalShare: the share of the server's work its scoring took, the measured and modelled
+    step and the speedup over the dense wire."""
+    rec = load(root, MODALSHARE)
+    c = rec["config"]
+    if c["policy"] != "modalshare":
+        raise ConfigError(f"figure: {MODALSHARE} is not a ModalShare run")
+    lines = ["| cell | scoring, share of the server's work | measured ms | model ms | model vs measured | "
+             "speedup over dense |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rec["rows"]:
+        lines.append(f"| `{r['cell']}` | {r['scoring_share']:.1%} | {1e3 * r['measured_step_s']:.1f} | "
+                     f"{1e3 * r['model_step_s']:.1f} | {pct(r['model_error'])} | {r['speedup_vs_dense']:.2f}× |")
+    shares = [r["scoring_share"] for r in rec["rows"]]
+    return "\n".join(lines + ["", f"{c['clients']} client, ModalShare's Shapley scores of the batch just received "
+                              f"every {c['refresh']} steps, the link and steps of the table above; the scoring's "
+                              f"share is that of the unshaped run's server work (each refresh step's work over the "
+                              f"median of the others): {span(shares, lambda v: f'{v:.1%}')} {cite(MODALSHARE)}."])
+
+
+RENDERERS = {"split-link": split_link, "split-link-modalshare": split_link_modalshare}

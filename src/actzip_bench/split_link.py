@@ -7,13 +7,15 @@ every node's uplink shaped to ``bandwidth_mbps`` with ``tc tbf`` and ``latency_m
 the synthetic multimodal suite (linear encoders on the clients, the sim's head on the server) through gloo. The
 server serves its clients in turn. For each cell the same run goes twice: through the mesh unshaped and shaped.
 Every party times its own work a step (the step less the time it waits in a receive): the unshaped run's are the
-compute the model takes. The link model's step replays the protocol with the
-link model (:class:`~actzip.wire.link.LinkModel`): each client's batch crosses its own uplink (its bytes at the
+compute the model takes. The link model's step replays the protocol with
+:class:`~actzip.wire.link.LinkModel`: each client's batch crosses its own uplink (its bytes at the
 link's rate, one latency), the server works on the clients' batches in turn for its measured time each, each
 reply crosses the server's uplink (shared by the replies, in order) and the client works its measured time
 before it sends again; the model's step is a round's median once it has settled. With one client that is the
 measured work plus each way's bytes at the rate and a latency. Bytes are the transport's metered ones, headers
-included; the link also carries TCP/IP's own headers (a few percent), which the model leaves out.
+included; the link also carries TCP/IP's own headers (a few percent), which the model leaves out. Under
+ModalShare (``policy="modalshare"``) the server scores the batch just received every ``refresh`` steps; the
+share of its work that took is measured on the unshaped run (:func:`scoring_share`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from actzip.split.runtime import SPLIT_POLICIES, SplitClient, SplitConfig, Split
 from actzip.split.uplink import COMPRESSORS
 from actzip.wire.link import LinkModel, LinkSpec, NetnsMesh
 
-__all__ = ["SplitLinkConfig", "model_step_s", "parse_cell", "plot", "run_split_link", "worker_main"]
+__all__ = ["SplitLinkConfig", "model_step_s", "parse_cell", "plot", "run_split_link", "scoring_share", "worker_main"]
 
 _PORT = 29591
 
@@ -49,6 +51,7 @@ class SplitLinkConfig:
     # "compressor:compression" (compression: the modalities' dense bf16 payload / the payload sent), or "dense"
     cells: tuple[str, ...] = ("dense", "quant:2", "quant:4", "topk:5", "topk:20", "dct:20")
     policy: str = "equal"  # keep-ratios: "equal" or "modalshare"
+    refresh: int = 5  # steps between ModalShare's refreshes (its Shapley scores of the batch just received)
     clients: int = 1  # client processes, served in turn
     bandwidth_mbps: float = 10.0  # every node's uplink rate (an edge device's uplink)
     latency_ms: float = 20.0  # one-way latency, added in software
@@ -73,6 +76,8 @@ class SplitLinkConfig:
         if not self.bandwidth_mbps > 0 or self.latency_ms < 0:
             raise ConfigError(f"bench split-link: the link needs a rate > 0 and a latency >= 0, got "
                               f"{self.bandwidth_mbps} Mbit/s, {self.latency_ms} ms")
+        if self.refresh < 1:
+            raise ConfigError(f"bench split-link: refresh must be >= 1, got {self.refresh}")
         if self.steps < 2 or self.warmup < 1 or self.batch < 1 or self.threads < 1:
             raise ConfigError(f"bench split-link: steps must be >= 2, warmup >= 1, batch and threads >= 1; got "
                               f"steps={self.steps}, warmup={self.warmup}, batch={self.batch}, threads={self.threads}")
@@ -129,11 +134,19 @@ def _timed_receives(transport) -> list[float]:
     return waited
 
 
-def _work_s(ends: list[float], waits: list[float], start: float, warmup: int) -> float:
-    """The median of a party's timed steps, less what it waited in receives during each."""
+def _work_steps(ends: list[float], waits: list[float], start: float) -> list[float]:
+    """A party's work each step: the step less what it waited in receives during it."""
     t, w = [start, *ends], [0.0, *waits]
-    work = [(t[i + 1] - t[i]) - (w[i + 1] - w[i]) for i in range(len(ends))]
-    return statistics.median(work[warmup:])
+    return [(t[i + 1] - t[i]) - (w[i + 1] - w[i]) for i in range(len(ends))]
+
+
+def scoring_share(work: list[float], refresh: int, warmup: int) -> float:
+    """The share of the server's timed work that ModalShare's refreshes took: each refresh step's work over the
+    median of the other steps', summed, over all the work (the split sim's ``scoring_share``)."""
+    timed = list(enumerate(work))[warmup:]
+    scoring = [w for k, w in timed if (k + 1) % refresh == 0]
+    plain = statistics.median(w for k, w in timed if (k + 1) % refresh)
+    return sum(w - plain for w in scoring) / sum(w for _, w in timed)
 
 
 def _parties(cfg: SplitLinkConfig, cell: str):
@@ -146,7 +159,7 @@ def _parties(cfg: SplitLinkConfig, cell: str):
     shapes = [tuple(x.shape[1:]) for x in suite.streams.values()]
     compressor, compression = parse_cell(cell)
     split = SplitConfig(tuple(widths), compressor=compressor, compression=compression, policy=cfg.policy,
-                        seed=cfg.seed)
+                        refresh=cfg.refresh, seed=cfg.seed)
     classes = int(suite.labels.max()) + 1
 
     def encoders() -> nn.ModuleList:
@@ -195,7 +208,9 @@ def worker_main(argv: list[str] | None = None) -> int:
                 ends.append(time.perf_counter())
                 waits.append(waited[0])
             server.finish()
-            record = {"step_end_s": ends, "losses": losses, "work_s": _work_s(ends, waits, start, cfg.warmup),
+            work = _work_steps(ends, waits, start)
+            record = {"step_end_s": ends, "losses": losses, "work_steps_s": work,
+                      "work_s": statistics.median(work[cfg.warmup:]),
                       "up_bytes": (transport.meter.total("received", "fwd") - marks["up"]) / cfg.steps,
                       "down_bytes": (transport.meter.total("sent", "bwd") - marks["down"]) / cfg.steps,
                       "sizes": list(split.sizes)}
@@ -214,7 +229,7 @@ def worker_main(argv: list[str] | None = None) -> int:
                 ends.append(time.perf_counter())
                 waits.append(waited[0])
             with open(f"{args.out}.{rank}", "w") as f:
-                json.dump({"work_s": _work_s(ends, waits, start, cfg.warmup)}, f)
+                json.dump({"work_s": statistics.median(_work_steps(ends, waits, start)[cfg.warmup:])}, f)
     except ActzipError as e:
         print(f"actzip: error: rank {rank}: {e}", file=sys.stderr)
         return 2
@@ -279,6 +294,8 @@ def run_split_link(cfg: SplitLinkConfig, progress=None) -> dict:
                      "measured_step_s": shaped["step_s"], "unshaped_step_s": unshaped["step_s"],
                      "model_step_s": model_step_s(unshaped["work_s"], unshaped["client_work_s"], up, down, cfg.link),
                      "server_work_s": unshaped["work_s"], "client_work_s": unshaped["client_work_s"],
+                     "scoring_share": (scoring_share(unshaped["work_steps_s"], cfg.refresh, cfg.warmup)
+                                       if cfg.policy == "modalshare" else None),
                      "up_bytes": shaped["up_bytes"], "down_bytes": shaped["down_bytes"],
                      "final_loss": shaped["losses"][-1][-1], "sizes": shaped["sizes"]})
     dense = next((r for r in rows if r["cell"] == "dense"), None)

@@ -5,7 +5,7 @@ import pytest
 
 from actzip.errors import ConfigError
 from actzip.wire import LinkSpec, netns_unavailable_reason
-from actzip_bench.split_link import SplitLinkConfig, model_step_s, parse_cell, plot, run_split_link
+from actzip_bench.split_link import SplitLinkConfig, model_step_s, parse_cell, plot, run_split_link, scoring_share
 
 
 def test_cells_name_a_compressor_and_a_compression_or_dense():
@@ -19,7 +19,7 @@ def test_cells_name_a_compressor_and_a_compression_or_dense():
 
 @pytest.mark.parametrize("field, value", [("cells", ()), ("cells", ("topk:1/2",)), ("policy", "greedy"),
                                           ("clients", 0), ("bandwidth_mbps", 0.0), ("latency_ms", -1.0),
-                                          ("steps", 1), ("warmup", 0)])
+                                          ("steps", 1), ("warmup", 0), ("refresh", 0)])
 def test_a_bad_config_is_refused_by_name(field, value):
     with pytest.raises(ConfigError, match="split-link"):
         SplitLinkConfig(**{field: value})
@@ -37,6 +37,12 @@ def test_the_model_is_the_work_and_each_way_s_transfer_and_latency_for_one_clien
     assert heavy >= 0.060 - 1e-9  # but the replies share the server's uplink: 30 ms each, one after the other
     busy = model_step_s(0.5, [0.0, 0.0], [8000.0] * 2, [8000.0] * 2, link)
     assert busy == pytest.approx(0.5, rel=0.1)  # a server busier than the links sets the pace
+
+
+def test_the_scoring_share_is_the_refresh_steps_work_over_the_others_of_all_the_work():
+    work = [9.0] + [3.0 if (k + 1) % 5 == 0 else 1.0 for k in range(1, 15)]  # a warm-up step, refreshes at 5, 10, 15
+    assert scoring_share(work, 5, 1) == pytest.approx(3 * (3.0 - 1.0) / (11 * 1.0 + 3 * 3.0))
+    assert scoring_share([9.0] + [1.0] * 14, 5, 1) == 0.0  # refresh steps that cost nothing more
 
 
 @pytest.mark.skipif(netns_unavailable_reason(shaped=True) is not None,

@@ -88,6 +88,10 @@ def _bench_split_link(args: argparse.Namespace) -> int:
                       f"{1e3 * r['unshaped_step_s']:.1f}", f"{1e3 * r['measured_step_s']:.1f}",
                       f"{1e3 * r['model_step_s']:.1f}", f"{r['model_error']:+.1%}", speedup)
     console.print(table)
+    for r in record["rows"]:
+        if r["scoring_share"] is not None:
+            console.print(f"{r['cell']}: ModalShare's scores (every {cfg.refresh} steps) took "
+                          f"{r['scoring_share']:.1%} of the server's work (unshaped run)")
     record.update({"shaping": shaping_qdisc(), "wall_s": time.perf_counter() - t0,
                    "machine": machine_record(torch.device("cpu")), "command": command_line(args)})
     write_json_and_plot(record, args.json, console, plot)
@@ -135,6 +139,7 @@ def add_parsers(bench) -> None:
     sl.add_argument("--cells", help="comma-separated compressor:compression or dense (default: dense,quant:2,"
                     "quant:4,topk:5,topk:20,dct:20)")
     sl.add_argument("--policy", help="equal (default) or modalshare")
+    sl.add_argument("--refresh", type=int, help="steps between ModalShare's refreshes (default 5)")
     sl.add_argument("--clients", type=int, help="client processes, served in turn (default 1)")
     sl.add_argument("--bandwidth-mbps", type=float, help="every node's uplink rate in Mbit/s (default 10)")
     sl.add_argument("--latency-ms", type=float, help="one-way latency in ms, added in software (default 20)")
