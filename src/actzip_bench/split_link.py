@@ -3,7 +3,8 @@ against the link model's.
 
 One server (:class:`~actzip.split.SplitServer`, rank 0) and ``clients`` clients (:class:`~actzip.split.SplitClient`,
 ranks 1..), each a process in a network namespace of its own on one switch (:class:`~actzip.wire.link.NetnsMesh`),
-every node's uplink shaped to ``bandwidth_mbps`` with ``tc tbf`` and ``latency_ms`` added in software, train on
+every client's uplink shaped to ``bandwidth_mbps`` and the server's to ``server_mbps`` (the same by default) with
+``tc tbf`` and ``latency_ms`` added in software, train on
 the synthetic multimodal suite (linear encoders on the clients, the sim's head on the server) through gloo. The
 server serves its clients in turn. For each cell the same run goes twice: through the mesh unshaped and shaped.
 Every party times its own work a step (the step less the time it waits in a receive): the unshaped run's are the
@@ -53,7 +54,8 @@ class SplitLinkConfig:
     policy: str = "equal"  # keep-ratios: "equal" or "modalshare"
     refresh: int = 5  # steps between ModalShare's refreshes (its Shapley scores of the batch just received)
     clients: int = 1  # client processes, served in turn
-    bandwidth_mbps: float = 10.0  # every node's uplink rate (an edge device's uplink)
+    bandwidth_mbps: float = 10.0  # every client's uplink rate (an edge device's uplink)
+    server_mbps: float | None = None  # the server's uplink rate (None: bandwidth_mbps)
     latency_ms: float = 20.0  # one-way latency, added in software
     batch: int = 256  # samples a client step
     steps: int = 20  # timed steps, after the warm-up
@@ -73,9 +75,10 @@ class SplitLinkConfig:
             raise ConfigError(f"bench split-link: policy must be one of {SPLIT_POLICIES}, got {self.policy!r}")
         if not 1 <= self.clients <= 16:
             raise ConfigError(f"bench split-link: clients must be in [1, 16], got {self.clients}")
-        if not self.bandwidth_mbps > 0 or self.latency_ms < 0:
-            raise ConfigError(f"bench split-link: the link needs a rate > 0 and a latency >= 0, got "
-                              f"{self.bandwidth_mbps} Mbit/s, {self.latency_ms} ms")
+        if not self.bandwidth_mbps > 0 or self.latency_ms < 0 or not (self.server_mbps is None
+                                                                      or self.server_mbps > 0):
+            raise ConfigError(f"bench split-link: the links need rates > 0 and a latency >= 0, got "
+                              f"{self.bandwidth_mbps} Mbit/s (server {self.server_mbps}), {self.latency_ms} ms")
         if self.refresh < 1:
             raise ConfigError(f"bench split-link: refresh must be >= 1, got {self.refresh}")
         if self.steps < 2 or self.warmup < 1 or self.batch < 1 or self.threads < 1:
@@ -84,7 +87,13 @@ class SplitLinkConfig:
 
     @property
     def link(self) -> LinkSpec:
+        """A client's uplink."""
         return LinkSpec(bandwidth_mbps=self.bandwidth_mbps, latency_ms=self.latency_ms)
+
+    @property
+    def server_link(self) -> LinkSpec:
+        """The server's uplink."""
+        return LinkSpec(bandwidth_mbps=self.server_mbps or self.bandwidth_mbps, latency_ms=self.latency_ms)
 
 
 def parse_cell(cell: str) -> tuple[str, float]:
@@ -104,10 +113,11 @@ def parse_cell(cell: str) -> tuple[str, float]:
 
 
 def model_step_s(server_s: float, client_s: list[float], up_bytes: list[float], down_bytes: list[float],
-                 link: LinkSpec, rounds: int = 60) -> float:
+                 link: LinkSpec, rounds: int = 60, server_link: LinkSpec | None = None) -> float:
     """The link model's step (module docstring): ``server_s`` the server's work a round (all clients), ``client_s``
-    each client's work a step, ``up_bytes`` / ``down_bytes`` each client's a step."""
-    ups, egress = [LinkModel(link) for _ in client_s], LinkModel(link)
+    each client's work a step, ``up_bytes`` / ``down_bytes`` each client's a step; ``link`` each client's uplink,
+    ``server_link`` the server's (default ``link``)."""
+    ups, egress = [LinkModel(link) for _ in client_s], LinkModel(server_link or link)
     ready, free, ends = [0.0] * len(client_s), 0.0, []
     for _ in range(rounds):
         for k in range(len(client_s)):
@@ -238,8 +248,9 @@ def worker_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_once(cfg: SplitLinkConfig, cell: str, link: LinkSpec) -> dict:
-    """One run of every party through a mesh shaped by ``link``; the server's record, and its median step."""
+def _run_once(cfg: SplitLinkConfig, cell: str, link: LinkSpec | list[LinkSpec]) -> dict:
+    """One run of every party through a mesh shaped by ``link`` (one, or one a node); the server's record, and
+    its median step."""
     world = cfg.clients + 1
     with tempfile.TemporaryDirectory(prefix="actzip-split-link-") as tmp:
         out = os.path.join(tmp, "server.json")
@@ -283,7 +294,7 @@ def run_split_link(cfg: SplitLinkConfig, progress=None) -> dict:
         unshaped = _run_once(cfg, cell, LinkSpec())
         if progress is not None:
             progress(f"{cell} unshaped")
-        shaped = _run_once(cfg, cell, cfg.link)
+        shaped = _run_once(cfg, cell, [cfg.server_link] + [cfg.link] * cfg.clients)
         if progress is not None:
             progress(f"{cell} shaped")
         # one client's bytes: the server's totals are over every client
@@ -292,7 +303,8 @@ def run_split_link(cfg: SplitLinkConfig, progress=None) -> dict:
         compressor, compression = parse_cell(cell)
         rows.append({"cell": cell, "compressor": compressor, "compression": compression,
                      "measured_step_s": shaped["step_s"], "unshaped_step_s": unshaped["step_s"],
-                     "model_step_s": model_step_s(unshaped["work_s"], unshaped["client_work_s"], up, down, cfg.link),
+                     "model_step_s": model_step_s(unshaped["work_s"], unshaped["client_work_s"], up, down, cfg.link,
+                                                  server_link=cfg.server_link),
                      "server_work_s": unshaped["work_s"], "client_work_s": unshaped["client_work_s"],
                      "scoring_share": (scoring_share(unshaped["work_steps_s"], cfg.refresh, cfg.warmup)
                                        if cfg.policy == "modalshare" else None),

@@ -19,7 +19,7 @@ def test_cells_name_a_compressor_and_a_compression_or_dense():
 
 @pytest.mark.parametrize("field, value", [("cells", ()), ("cells", ("topk:1/2",)), ("policy", "greedy"),
                                           ("clients", 0), ("bandwidth_mbps", 0.0), ("latency_ms", -1.0),
-                                          ("steps", 1), ("warmup", 0), ("refresh", 0)])
+                                          ("steps", 1), ("warmup", 0), ("refresh", 0), ("server_mbps", 0.0)])
 def test_a_bad_config_is_refused_by_name(field, value):
     with pytest.raises(ConfigError, match="split-link"):
         SplitLinkConfig(**{field: value})
@@ -35,6 +35,8 @@ def test_the_model_is_the_work_and_each_way_s_transfer_and_latency_for_one_clien
     assert cycle <= two < 2 * cycle  # each client's batch on its own uplink: the two cycles overlap
     heavy = model_step_s(0.0, [0.0, 0.0], [8000.0] * 2, [30000.0] * 2, link)
     assert heavy >= 0.060 - 1e-9  # but the replies share the server's uplink: 30 ms each, one after the other
+    fast = model_step_s(0.0, [0.0, 0.0], [8000.0] * 2, [30000.0] * 2, link, server_link=LinkSpec(80.0, 10.0))
+    assert fast == pytest.approx(0.008 + 0.010 + 0.003 + 0.010)  # replies 3 ms each: the cycle, not the server's link
     busy = model_step_s(0.5, [0.0, 0.0], [8000.0] * 2, [8000.0] * 2, link)
     assert busy == pytest.approx(0.5, rel=0.1)  # a server busier than the links sets the pace
 

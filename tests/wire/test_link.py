@@ -157,3 +157,10 @@ def test_a_mesh_of_namespaces_joins_every_node_and_shapes_each_uplink():
 def test_a_mesh_needs_two_nodes_or_more():
     with pytest.raises(ConfigError, match="nodes"):
         NetnsMesh(1)
+
+
+def test_a_mesh_takes_one_link_a_node_and_refuses_a_list_of_another_length():
+    with pytest.raises(ConfigError, match="one LinkSpec a node"):
+        NetnsMesh(3, [LinkSpec(10.0), LinkSpec(10.0)])
+    with pytest.raises(ConfigError, match="one LinkSpec a node"):
+        NetnsMesh(2, [LinkSpec(10.0), 10.0])

@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from actzip.errors import ConfigError
 from actzip.wire.transport import WireError
@@ -316,24 +317,29 @@ class NetnsLink:
 
 class NetnsMesh:
     """``nodes`` network namespaces on one switch (a bridge in a namespace of its own), each node's uplink (its
-    veth's egress) shaped by ``link`` as :class:`NetnsLink` shapes one: every message between two nodes crosses
-    its sender's uplink once, so a node's sends share its uplink's rate. A context manager.
+    veth's egress) shaped by ``link`` as :class:`NetnsLink` shapes one, or by its own of a sequence of one
+    :class:`LinkSpec` a node (a server's uplink faster than its clients', say): every message between two nodes
+    crosses its sender's uplink once, so a node's sends share its uplink's rate. A context manager.
 
     Node ``i`` has address ``addresses[i]`` on interface ``ifnames[i]``; ``popen(i, argv)`` runs a command in its
     namespace, told the software latency (``ACTZIP_SEND_DELAY_MS``, with tbf) and gloo's interface
     (``GLOO_SOCKET_IFNAME``); ``counters()`` reads every node's interface counters.
     """
 
-    def __init__(self, nodes: int, link: LinkSpec | None = None) -> None:
+    def __init__(self, nodes: int, link: LinkSpec | Sequence[LinkSpec] | None = None) -> None:
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= 200:
             raise ConfigError(f"NetnsMesh: nodes must be an int in [2, 200], got {nodes!r}")
-        self.link = link or LinkSpec()
-        shaped = self.link.bandwidth_mbps is not None or self.link.latency_ms > 0
+        links = list(link) if isinstance(link, (list, tuple)) else [link or LinkSpec()] * nodes
+        if len(links) != nodes or not all(isinstance(spec, LinkSpec) for spec in links):
+            raise ConfigError(f"NetnsMesh: link must be a LinkSpec or one LinkSpec a node ({nodes}), got {link!r}")
+        self.links = links
+        shaped = any(spec.bandwidth_mbps is not None or spec.latency_ms > 0 for spec in links)
         why = netns_unavailable_reason(shaped)
         if why is not None:
             raise WireError(f"NetnsMesh cannot run here: {why}")
         self.qdisc = shaping_qdisc() if shaped else None
-        self.send_delay_ms = self.link.latency_ms if self.qdisc == "tbf" else 0.0
+        # each node's software latency (tbf shapes the rate alone)
+        self.send_delay_ms = [spec.latency_ms if self.qdisc == "tbf" else 0.0 for spec in links]
         tag = f"{os.getpid() % 100000}x{next(_counter)}"
         self.hub = f"azhub{tag}"
         self.namespaces = [f"aznode{tag}n{i}" for i in range(nodes)]
@@ -359,7 +365,7 @@ class NetnsMesh:
                 _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", ifname])
                 _run(["ip", "-n", ns, "link", "set", ifname, "up"])
                 _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-                _shape_egress(ns, ifname, self.link, self.qdisc)
+                _shape_egress(ns, ifname, self.links[i], self.qdisc)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -373,8 +379,8 @@ class NetnsMesh:
     def popen(self, node: int, argv: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
         """Start ``argv`` in node ``node``'s namespace (see the class docstring for what it is told)."""
         env = dict(os.environ if env is None else env, GLOO_SOCKET_IFNAME=self.ifnames[node])
-        if self.send_delay_ms:
-            env["ACTZIP_SEND_DELAY_MS"] = f"{self.send_delay_ms:g}"
+        if self.send_delay_ms[node]:
+            env["ACTZIP_SEND_DELAY_MS"] = f"{self.send_delay_ms[node]:g}"
         return subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], *argv], env=env, **kw)
 
     def counters(self) -> list[dict[str, int]]:

@@ -78,7 +78,8 @@ def _bench_split_link(args: argparse.Namespace) -> int:
         task = bar.add_task("running", total=2 * len(cfg.cells))
         record = run_split_link(cfg, progress=lambda done: bar.update(task, advance=1, description=done))
     table = Table(title=f"split learning, {cfg.clients} client(s) served in turn, {cfg.policy} keep-ratios, "
-                        f"{cfg.link} ({shaping_qdisc()}), median of {cfg.steps} steps")
+                        f"clients {cfg.link}, server {cfg.server_link} ({shaping_qdisc()}), median of {cfg.steps} "
+                        "steps")
     for col in ("cell", "up kB", "down kB", "unshaped ms", "measured ms", "model ms", "model vs measured",
                 "speedup vs dense"):
         table.add_column(col, justify="right")
@@ -141,7 +142,8 @@ def add_parsers(bench) -> None:
     sl.add_argument("--policy", help="equal (default) or modalshare")
     sl.add_argument("--refresh", type=int, help="steps between ModalShare's refreshes (default 5)")
     sl.add_argument("--clients", type=int, help="client processes, served in turn (default 1)")
-    sl.add_argument("--bandwidth-mbps", type=float, help="every node's uplink rate in Mbit/s (default 10)")
+    sl.add_argument("--bandwidth-mbps", type=float, help="every client's uplink rate in Mbit/s (default 10)")
+    sl.add_argument("--server-mbps", type=float, help="the server's uplink rate in Mbit/s (default: the clients')")
     sl.add_argument("--latency-ms", type=float, help="one-way latency in ms, added in software (default 20)")
     sl.add_argument("--batch", type=int, help="samples a client step (default 256)")
     sl.add_argument("--steps", type=int, help="timed steps, after the warm-up (default 20)")
