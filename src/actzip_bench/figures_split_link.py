@@ -43,11 +43,12 @@ def split_link(root: Path) -> str:
             f"{c['warmup']} of warm-up; bytes are the transport's metered ones, headers included. With one client "
             f"the model is {span(one)} off the measured step")
     if several:
-        text += (f"; with two, served in turn, {span(several)}, under the measured step where the replies are "
-                 "largest: the model leaves out how the two clients' flows interact on the server's shaped uplink "
-                 "(a likely cause: the acknowledgements of the uploads wait there behind the replies)")
+        text += f"; with two, served in turn, {span(several)}"
     if fast:
-        text += f"; with two and the server's uplink ten times as fast, {span(fast)}"
+        text += f", and with the server's uplink ten times as fast {span(fast)}"
+    if several or fast:
+        text += (": the model leaves out part of how two clients' transfers interact, most where the messages are "
+                 "largest (the cause is not found; a faster server uplink does not remove it)")
     text += (f". The fastest cell with one client, `{best['cell']}`, steps {best['speedup_vs_dense']:.2f}× as fast "
              f"as the dense bf16 wire {cite(*RUNS)}.")
     return "\n".join(lines + ["", text])
