@@ -324,6 +324,8 @@ class SplitServer:
     def step(self, parallel: bool = False) -> list[float]:
         """One batch of every client (clients in other processes): in turn, one update each, or ``parallel``:
         all batches in one update (:meth:`serve_parallel`); the losses."""
+        for c in self.clients:  # every client's batch received ahead (gloo), so one's upload need not wait on
+            self.transport.expect(c, 1)  # the server's work on another's
         if parallel:
             return [self.serve_parallel()]
         return [self.serve(c) for c in self.clients]
