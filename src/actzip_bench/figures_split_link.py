@@ -46,9 +46,10 @@ def split_link(root: Path) -> str:
         text += f"; with two, served in turn, {span(several)}"
     if fast:
         text += f", and with the server's uplink ten times as fast {span(fast)}"
-    if several or fast:
-        text += (": the model leaves out part of how two clients' transfers interact, most where the messages are "
-                 "largest (the cause is not found; a faster server uplink does not remove it)")
+    if several and fast:
+        text += (": in these records the model holds for two clients when the server's uplink is fast, and is off "
+                 "most for the largest messages when the replies share a slow one (what the replies' queue there "
+                 "does to the uploads is not in the model)")
     text += (f". The fastest cell with one client, `{best['cell']}`, steps {best['speedup_vs_dense']:.2f}× as fast "
              f"as the dense bf16 wire {cite(*RUNS)}.")
     return "\n".join(lines + ["", text])
